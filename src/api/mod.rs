@@ -1,0 +1,450 @@
+//! The HTTP API: routes, request validation, rate-limit headers.
+//!
+//! Every refused request goes through [`App::refuse`], which counts it and renders
+//! [`ApiError`] as `{"error","message"}` with a 4xx status. Validation happens before the
+//! engine is called, so a bad request never changes a counter.
+
+mod error;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{RawQuery, Request, State};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+use serde::{Deserialize, Serialize};
+
+use crate::engine::{Checked, Engine, Outcome};
+use crate::limiter::{Decision, MILLISECOND, Nanos, SECOND, Verdict};
+use crate::metrics::HttpMetrics;
+
+pub use error::{ApiError, ErrorCode};
+
+/// The largest request body accepted.
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+/// The longest key accepted.
+pub const MAX_KEY_BYTES: usize = 1024;
+
+/// Everything a request handler needs.
+#[derive(Debug)]
+pub struct App {
+    /// Rules, keys and the clock.
+    pub engine: Engine,
+    /// Latency and error counters.
+    pub metrics: HttpMetrics,
+    /// This node's id.
+    pub node_id: String,
+    /// The gossip address, once clustering is configured.
+    pub gossip: Option<SocketAddr>,
+    /// False once the node starts shutting down (`/readyz` then answers 503).
+    pub ready: AtomicBool,
+    /// How long a client may take to send its body.
+    pub request_timeout: Duration,
+    /// Per rule, its `RateLimit-Policy` header and the policy names `RateLimit` refers to.
+    policies: HashMap<String, Policies>,
+}
+
+#[derive(Debug)]
+struct Policies {
+    header: HeaderValue,
+    names: Vec<String>,
+}
+
+impl App {
+    /// Wraps an engine for serving.
+    pub fn new(
+        engine: Engine,
+        node_id: String,
+        gossip: Option<SocketAddr>,
+        request_timeout: Duration,
+    ) -> App {
+        let policies = engine
+            .rules()
+            .map(|r| {
+                let rule = &r.rule;
+                let names: Vec<String> = if rule.limits.len() == 1 {
+                    vec![format!("\"{}\"", rule.name)]
+                } else {
+                    (0..rule.limits.len())
+                        .map(|i| format!("\"{}#{i}\"", rule.name))
+                        .collect()
+                };
+                let header = names
+                    .iter()
+                    .zip(&rule.limits)
+                    .map(|(name, l)| format!("{name};q={};w={}", l.limit(), ceil_secs(l.period())))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let header = HeaderValue::from_str(&header).expect("rule names are header-safe");
+                (rule.name.clone(), Policies { header, names })
+            })
+            .collect();
+        App {
+            engine,
+            metrics: HttpMetrics::default(),
+            node_id,
+            gossip,
+            ready: AtomicBool::new(true),
+            request_timeout,
+            policies,
+        }
+    }
+
+    /// Counts a refused request and renders it.
+    pub fn refuse(&self, error: ApiError) -> Response {
+        self.metrics.errors[error.code() as usize].fetch_add(1, Ordering::Relaxed);
+        error.into_response()
+    }
+}
+
+/// The routes.
+pub fn router(app: Arc<App>) -> Router {
+    fn only(
+        allow: &'static str,
+    ) -> impl Fn(State<Arc<App>>) -> std::future::Ready<Response> + Clone {
+        move |State(app): State<Arc<App>>| {
+            std::future::ready(app.refuse(ApiError::MethodNotAllowed(allow)))
+        }
+    }
+    Router::new()
+        .route(
+            "/v1/check",
+            get(check_get).post(check_post).fallback(only("GET, POST")),
+        )
+        .route("/v1/status", get(status).fallback(only("GET")))
+        .route("/v1/cluster", get(cluster).fallback(only("GET")))
+        .route("/metrics", get(metrics).fallback(only("GET")))
+        .route("/healthz", get(healthz).fallback(only("GET")))
+        .route("/readyz", get(readyz).fallback(only("GET")))
+        .fallback(|State(app): State<Arc<App>>| async move { app.refuse(ApiError::NotFound) })
+        .with_state(app)
+}
+
+/// A check as posted.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckBody<'a> {
+    #[serde(borrow, default)]
+    rule: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    key: Option<Cow<'a, str>>,
+    #[serde(default)]
+    cost: Option<serde_json::Value>,
+    #[serde(default)]
+    wait_ms: Option<serde_json::Value>,
+}
+
+/// A check or status as a query string.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckQuery {
+    rule: Option<String>,
+    key: Option<String>,
+    cost: Option<String>,
+    wait_ms: Option<String>,
+}
+
+/// A validated check.
+#[derive(Debug)]
+struct CheckRequest<'a> {
+    rule: &'a str,
+    key: &'a str,
+    cost: u64,
+    wait: Nanos,
+}
+
+async fn check_post(State(app): State<Arc<App>>, request: Request) -> Response {
+    let body = match read_body(&app, request.into_body()).await {
+        Ok(body) => body,
+        Err(e) => return app.refuse(e),
+    };
+    let parsed: CheckBody<'_> = match serde_json::from_slice(&body) {
+        Ok(parsed) => parsed,
+        Err(e) => return app.refuse(json_error(e)),
+    };
+    let cost = match &parsed.cost {
+        None => Ok(1),
+        Some(v) => json_whole_number(v)
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| ApiError::InvalidCost(v.to_string())),
+    };
+    let wait_ms = match &parsed.wait_ms {
+        None => Ok(0),
+        Some(v) => json_whole_number(v).ok_or_else(|| ApiError::InvalidWait(v.to_string())),
+    };
+    let request = validate(parsed.rule.as_deref(), parsed.key.as_deref(), cost, wait_ms);
+    match request {
+        Ok(request) => check(&app, request).await,
+        Err(e) => app.refuse(e),
+    }
+}
+
+async fn check_get(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Response {
+    let query = match parse_query(query.as_deref()) {
+        Ok(q) => q,
+        Err(e) => return app.refuse(e),
+    };
+    let cost = match &query.cost {
+        None => Ok(1),
+        Some(s) => s
+            .parse::<u64>()
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| ApiError::InvalidCost(format!("\"{s}\""))),
+    };
+    let wait_ms = match &query.wait_ms {
+        None => Ok(0),
+        Some(s) => s
+            .parse::<u64>()
+            .map_err(|_| ApiError::InvalidWait(format!("\"{s}\""))),
+    };
+    match validate(query.rule.as_deref(), query.key.as_deref(), cost, wait_ms) {
+        Ok(request) => check(&app, request).await,
+        Err(e) => app.refuse(e),
+    }
+}
+
+async fn status(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Response {
+    let query = match parse_query(query.as_deref()) {
+        Ok(q) => q,
+        Err(e) => return app.refuse(e),
+    };
+    if query.cost.is_some() || query.wait_ms.is_some() {
+        let field = if query.cost.is_some() {
+            "cost"
+        } else {
+            "wait_ms"
+        };
+        return app.refuse(ApiError::UnknownField(field.into()));
+    }
+    let request = match validate(query.rule.as_deref(), query.key.as_deref(), Ok(1), Ok(0)) {
+        Ok(r) => r,
+        Err(e) => return app.refuse(e),
+    };
+    match app.engine.status(request.rule, request.key) {
+        Ok(checked) => decision_response(&app, StatusCode::OK, request.key, &checked, 0),
+        Err(e) => app.refuse(ApiError::UnknownRule(e.0)),
+    }
+}
+
+/// Runs a validated check and, for a shaping rule, holds the caller as long as decided.
+async fn check(app: &App, request: CheckRequest<'_>) -> Response {
+    let started = Instant::now();
+    let checked = match app
+        .engine
+        .check(request.rule, request.key, request.cost, request.wait)
+    {
+        Ok(checked) => checked,
+        Err(e) => return app.refuse(ApiError::UnknownRule(e.0)),
+    };
+    let wait = match checked.decision.verdict {
+        Verdict::Admit { wait } => wait,
+        _ => 0,
+    };
+    let status = if checked.outcome == Outcome::Allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    let response = decision_response(app, status, request.key, &checked, wait);
+    app.metrics.check_latency.observe(started.elapsed());
+    if wait > 0 {
+        app.engine.clock().sleep(wait).await;
+    }
+    response
+}
+
+fn validate<'a>(
+    rule: Option<&'a str>,
+    key: Option<&'a str>,
+    cost: Result<u64, ApiError>,
+    wait_ms: Result<u64, ApiError>,
+) -> Result<CheckRequest<'a>, ApiError> {
+    let rule = rule
+        .filter(|r| !r.is_empty())
+        .ok_or(ApiError::MissingField("rule"))?;
+    let key = key
+        .filter(|k| !k.is_empty())
+        .ok_or(ApiError::MissingField("key"))?;
+    if key.len() > MAX_KEY_BYTES {
+        return Err(ApiError::KeyTooLong(key.len()));
+    }
+    Ok(CheckRequest {
+        rule,
+        key,
+        cost: cost?,
+        wait: wait_ms?.saturating_mul(MILLISECOND),
+    })
+}
+
+async fn read_body(app: &App, body: Body) -> Result<bytes::Bytes, ApiError> {
+    let collect = Limited::new(body, MAX_BODY_BYTES).collect();
+    match tokio::time::timeout(app.request_timeout, collect).await {
+        Err(_) => Err(ApiError::Timeout),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(ApiError::BodyTooLarge),
+        Ok(Err(e)) => Err(ApiError::MalformedJson(format!(
+            "could not read the body: {e}"
+        ))),
+    }
+}
+
+fn json_error(e: serde_json::Error) -> ApiError {
+    let message = e.to_string();
+    if let Some(rest) = message.strip_prefix("unknown field `") {
+        let field = rest.split('`').next().unwrap_or_default();
+        return ApiError::UnknownField(field.to_owned());
+    }
+    ApiError::MalformedJson(format!(
+        "the body must be a JSON object such as {{\"rule\":\"api\",\"key\":\"user-42\",\"cost\":1}}: {message}"
+    ))
+}
+
+/// A JSON number that is a whole number ≥ 0 (`3`, not `3.0`, `-1` or `"3"`).
+fn json_whole_number(v: &serde_json::Value) -> Option<u64> {
+    v.as_u64()
+}
+
+fn parse_query(query: Option<&str>) -> Result<CheckQuery, ApiError> {
+    serde_urlencoded::from_str(query.unwrap_or("")).map_err(|e| {
+        let message = e.to_string();
+        match message.strip_prefix("unknown field `") {
+            Some(rest) => {
+                ApiError::UnknownField(rest.split('`').next().unwrap_or_default().to_owned())
+            }
+            None => ApiError::InvalidQuery(message),
+        }
+    })
+}
+
+/// The JSON body of a check or status answer.
+#[derive(Debug, Serialize)]
+struct DecisionBody<'a> {
+    allowed: bool,
+    rule: &'a str,
+    key: &'a str,
+    limit: u64,
+    remaining: u64,
+    reset_after_ms: u64,
+    /// `null` when the cost can never be admitted.
+    retry_after_ms: Option<u64>,
+    outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    waited_ms: Option<u64>,
+}
+
+fn decision_response(
+    app: &App,
+    status: StatusCode,
+    key: &str,
+    checked: &Checked<'_>,
+    wait: Nanos,
+) -> Response {
+    let d = &checked.decision;
+    let rule = &checked.rule.rule.name;
+    let body = DecisionBody {
+        allowed: d.allowed(),
+        rule,
+        key,
+        limit: d.limit,
+        remaining: d.remaining,
+        reset_after_ms: ceil_millis(d.reset_after),
+        retry_after_ms: d.retry_after().map(ceil_millis),
+        outcome: checked.outcome.name(),
+        waited_ms: (wait > 0).then(|| ceil_millis(wait)),
+    };
+    let json = serde_json::to_vec(&body).unwrap_or_default();
+    let mut response = Response::new(Body::from(json));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    if let Some(policies) = app.policies.get(rule.as_str()) {
+        rate_limit_headers(headers, policies, checked.limit_index, d);
+    }
+    if let Verdict::Deny { retry_after } = d.verdict {
+        headers.insert(
+            header::RETRY_AFTER,
+            HeaderValue::from(ceil_secs(retry_after)),
+        );
+    }
+    response
+}
+
+static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+static RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+static RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+static RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+
+/// The IETF draft's `RateLimit-Policy` / `RateLimit` and the older `RateLimit-Limit`,
+/// `-Remaining` and `-Reset` (whole seconds, rounded up).
+fn rate_limit_headers(headers: &mut HeaderMap, policies: &Policies, index: usize, d: &Decision) {
+    let reset = ceil_secs(d.reset_after);
+    headers.insert(RATELIMIT_POLICY.clone(), policies.header.clone());
+    let name = &policies.names[index];
+    if let Ok(v) = HeaderValue::try_from(format!("{name};r={};t={reset}", d.remaining)) {
+        headers.insert(RATELIMIT.clone(), v);
+    }
+    headers.insert(RATELIMIT_LIMIT.clone(), HeaderValue::from(d.limit));
+    headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(d.remaining));
+    headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+}
+
+async fn cluster(State(app): State<Arc<App>>) -> Response {
+    axum::Json(serde_json::json!({
+        "node_id": app.node_id,
+        "members": [{
+            "node_id": app.node_id,
+            "gossip": app.gossip.map(|a| a.to_string()),
+            "alive": true,
+        }],
+    }))
+    .into_response()
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let text = crate::metrics::render(&app.engine, &app.metrics);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn healthz() -> Response {
+    axum::Json(serde_json::json!({"status": "ok"})).into_response()
+}
+
+async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.ready.load(Ordering::Relaxed) {
+        axum::Json(serde_json::json!({"status": "ready"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "draining"})),
+        )
+            .into_response()
+    }
+}
+
+fn ceil_millis(n: Nanos) -> u64 {
+    n.div_ceil(MILLISECOND)
+}
+
+fn ceil_secs(n: Nanos) -> u64 {
+    n.div_ceil(SECOND)
+}

@@ -1,0 +1,638 @@
+//! Configuration: a TOML file, overridden by environment variables and flags, validated into
+//! one [`Config`] before anything starts.
+//!
+//! Errors name the file, the rule and the field ([`ConfigError`]); the binary exits with
+//! code 2 on any of them. Defaults are the `DEFAULT_*` constants.
+
+mod duration;
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use toml::{Table, Value};
+
+use crate::limiter::{Algorithm, Limit, Nanos};
+
+pub use duration::{format_duration, parse_duration};
+
+/// Where the HTTP API listens by default.
+pub const DEFAULT_HTTP: &str = "127.0.0.1:7070";
+/// The most keys held across all rules.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+/// The most HTTP connections served at once; further connections wait in the backlog.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4_096;
+/// How long a client may take to send a request's headers and body.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stopping node waits for in-flight checks.
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+/// How often fresh keys are evicted.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// The cluster name nodes must share.
+pub const DEFAULT_CLUSTER_ID: &str = "gossamer";
+/// The rules served when no config file is given.
+pub const BUILTIN_RULES: &str = include_str!("builtin.toml");
+
+/// A validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The node and its HTTP server.
+    pub server: ServerConfig,
+    /// Cluster settings (accepted now; used once nodes form a cluster).
+    pub cluster: ClusterConfig,
+    /// The rules, in file order; names are unique.
+    pub rules: Vec<Rule>,
+}
+
+/// The node and its HTTP server.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Where the HTTP API listens.
+    pub http: SocketAddr,
+    /// This node's name in the cluster (default: the host name).
+    pub node_id: String,
+    /// The most keys held across all rules; see [`crate::store`] for what happens at the bound.
+    pub max_keys: usize,
+    /// The most HTTP connections served at once.
+    pub max_connections: usize,
+    /// How long a client may take to send a request.
+    pub request_timeout: Duration,
+    /// How long a stopping node waits for in-flight checks.
+    pub shutdown_grace: Duration,
+    /// How often fresh keys are evicted.
+    pub sweep_interval: Duration,
+}
+
+/// Cluster settings.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ClusterConfig {
+    /// The gossip (UDP) listen address.
+    pub gossip: Option<SocketAddr>,
+    /// The address other nodes reach this node's gossip at (`host:port`).
+    pub advertise: Option<String>,
+    /// Seed nodes (`host:port`, DNS names allowed).
+    pub seeds: Vec<String>,
+    /// Nodes with another cluster id ignore each other.
+    pub cluster_id: String,
+}
+
+/// Whether a rule's counts are this node's own or the cluster's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Each node enforces the limit on its own.
+    Local,
+    /// The limit holds across the cluster. On a single node this is the same as `Local`.
+    Global,
+}
+
+/// A named rule: one or more limits checked together.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rule {
+    /// The name clients pass as `rule`.
+    pub name: String,
+    /// At least one limit. A check must pass all of them.
+    pub limits: Vec<Limit>,
+    /// Local or cluster-wide counting.
+    pub scope: Scope,
+    /// The longest a caller may be held by a shaping leaky bucket (0: never held).
+    pub max_wait: Nanos,
+}
+
+/// Values from flags and environment variables, which override the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--http`, `GOSSAMER_HTTP`.
+    pub http: Option<SocketAddr>,
+    /// `--node-id`, `GOSSAMER_NODE_ID`.
+    pub node_id: Option<String>,
+    /// `--gossip`, `GOSSAMER_GOSSIP`.
+    pub gossip: Option<SocketAddr>,
+    /// `--advertise`, `GOSSAMER_ADVERTISE`.
+    pub advertise: Option<String>,
+    /// `--seeds`, `GOSSAMER_SEEDS`.
+    pub seeds: Option<Vec<String>>,
+    /// `--cluster-id`, `GOSSAMER_CLUSTER_ID`.
+    pub cluster_id: Option<String>,
+}
+
+/// A configuration that cannot be used. Its `Display` names the file, the rule and the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {message}")]
+    Read {
+        /// The file.
+        file: String,
+        /// Why.
+        message: String,
+    },
+    /// The file is not valid TOML.
+    #[error("{file}: not valid TOML: {message}")]
+    Syntax {
+        /// The file.
+        file: String,
+        /// The parser's message, with line and column.
+        message: String,
+    },
+    /// A value is missing, of the wrong type, or out of range.
+    #[error("{file}: {place}: {message}")]
+    Invalid {
+        /// The file.
+        file: String,
+        /// Where: `rule "api", field "limit"`, or `[server], field "http"`.
+        place: Place,
+        /// What is wrong and what is expected.
+        message: String,
+    },
+}
+
+/// Where in a config a problem is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Place {
+    /// The rule's name, or its position when it has none.
+    pub rule: Option<String>,
+    /// The table, for fields outside rules (`server`, `cluster`).
+    pub table: Option<&'static str>,
+    /// The field.
+    pub field: String,
+}
+
+impl fmt::Display for Place {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match (&self.rule, self.table) {
+            (Some(rule), _) => write!(f, "rule {rule}, field \"{}\"", self.field),
+            (None, Some(table)) => write!(f, "[{table}], field \"{}\"", self.field),
+            (None, None) => write!(f, "field \"{}\"", self.field),
+        }
+    }
+}
+
+impl Config {
+    /// Reads `path` (or the built-in rules when `None`), applies `overrides`, and validates.
+    pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+        let (name, text) = match path {
+            Some(path) => {
+                let name = path.display().to_string();
+                let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+                    file: name.clone(),
+                    message: e.to_string(),
+                })?;
+                (name, text)
+            }
+            None => ("<built-in rules>".to_owned(), BUILTIN_RULES.to_owned()),
+        };
+        let mut config = Config::parse(&text, &name)?;
+        config.apply(overrides);
+        Ok(config)
+    }
+
+    /// Parses and validates config text; `file` names it in errors.
+    pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
+        let table: Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                file: file.to_owned(),
+                message: e.to_string().trim().replace('\n', " "),
+            })?;
+        Parser { file }.config(&table)
+    }
+
+    fn apply(&mut self, o: &Overrides) {
+        if let Some(http) = o.http {
+            self.server.http = http;
+        }
+        if let Some(id) = &o.node_id {
+            self.server.node_id.clone_from(id);
+        }
+        if let Some(gossip) = o.gossip {
+            self.cluster.gossip = Some(gossip);
+        }
+        if let Some(advertise) = &o.advertise {
+            self.cluster.advertise = Some(advertise.clone());
+        }
+        if let Some(seeds) = &o.seeds {
+            self.cluster.seeds.clone_from(seeds);
+        }
+        if let Some(id) = &o.cluster_id {
+            self.cluster.cluster_id.clone_from(id);
+        }
+    }
+}
+
+/// The host name, or "gossamer" if it cannot be read.
+pub fn default_node_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "gossamer".to_owned())
+}
+
+/// Walks a parsed TOML table, producing errors that name `file`.
+struct Parser<'a> {
+    file: &'a str,
+}
+
+/// Fields of one table, taken one by one so that leftovers can be reported as unknown.
+struct Fields<'t> {
+    table: &'t Table,
+    taken: Vec<&'static str>,
+}
+
+impl<'t> Fields<'t> {
+    fn new(table: &'t Table) -> Fields<'t> {
+        Fields {
+            table,
+            taken: Vec::new(),
+        }
+    }
+
+    fn get(&mut self, field: &'static str) -> Option<&'t Value> {
+        self.taken.push(field);
+        self.table.get(field)
+    }
+
+    fn unknown(&self) -> Option<&'t str> {
+        self.table
+            .keys()
+            .find(|k| !self.taken.contains(&k.as_str()))
+            .map(String::as_str)
+    }
+}
+
+impl Parser<'_> {
+    fn err(
+        &self,
+        rule: Option<&str>,
+        table: Option<&'static str>,
+        field: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            file: self.file.to_owned(),
+            place: Place {
+                rule: rule.map(str::to_owned),
+                table,
+                field: field.to_owned(),
+            },
+            message: message.into(),
+        }
+    }
+
+    fn config(&self, root: &Table) -> Result<Config, ConfigError> {
+        let mut top = Fields::new(root);
+        let server = match top.get("server") {
+            None => self.server(&Table::new())?,
+            Some(Value::Table(t)) => self.server(t)?,
+            Some(_) => return Err(self.err(None, None, "server", "must be a table ([server])")),
+        };
+        let cluster = match top.get("cluster") {
+            None => self.cluster(&Table::new())?,
+            Some(Value::Table(t)) => self.cluster(t)?,
+            Some(_) => return Err(self.err(None, None, "cluster", "must be a table ([cluster])")),
+        };
+        let rules = match top.get("rule") {
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match item {
+                    Value::Table(t) => self.rule(i, t),
+                    _ => Err(self.err(None, None, "rule", "each rule must be a table ([[rule]])")),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            Some(_) => {
+                return Err(self.err(None, None, "rule", "rules are written as [[rule]] tables"));
+            }
+            None => Vec::new(),
+        };
+        if let Some(field) = top.unknown() {
+            return Err(self.err(
+                None,
+                None,
+                field,
+                "unknown top-level field (expected [server], [cluster] or [[rule]])",
+            ));
+        }
+        if rules.is_empty() {
+            return Err(self.err(None, None, "rule", "at least one [[rule]] is required"));
+        }
+        for (i, rule) in rules.iter().enumerate() {
+            if rules[..i].iter().any(|r| r.name == rule.name) {
+                return Err(self.err(Some(&quoted(&rule.name)), None, "name", "defined twice"));
+            }
+        }
+        Ok(Config {
+            server,
+            cluster,
+            rules,
+        })
+    }
+
+    fn server(&self, t: &Table) -> Result<ServerConfig, ConfigError> {
+        let mut f = Fields::new(t);
+        let err = |field: &str, m: String| self.err(None, Some("server"), field, m);
+        let http = match f.get("http") {
+            None => DEFAULT_HTTP.parse().expect("default address parses"),
+            Some(v) => socket_addr(v).map_err(|m| err("http", m))?,
+        };
+        let node_id = match f.get("node_id") {
+            None => default_node_id(),
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(_) => return Err(err("node_id", "must be a non-empty string".into())),
+        };
+        let max_keys =
+            count(f.get("max_keys"), DEFAULT_MAX_KEYS).map_err(|m| err("max_keys", m))?;
+        let max_connections = count(f.get("max_connections"), DEFAULT_MAX_CONNECTIONS)
+            .map_err(|m| err("max_connections", m))?;
+        let request_timeout = positive_duration(f.get("request_timeout"), DEFAULT_REQUEST_TIMEOUT)
+            .map_err(|m| err("request_timeout", m))?;
+        let shutdown_grace = positive_duration(f.get("shutdown_grace"), DEFAULT_SHUTDOWN_GRACE)
+            .map_err(|m| err("shutdown_grace", m))?;
+        let sweep_interval = positive_duration(f.get("sweep_interval"), DEFAULT_SWEEP_INTERVAL)
+            .map_err(|m| err("sweep_interval", m))?;
+        if let Some(field) = f.unknown() {
+            return Err(err(field, "unknown field".into()));
+        }
+        Ok(ServerConfig {
+            http,
+            node_id,
+            max_keys,
+            max_connections,
+            request_timeout,
+            shutdown_grace,
+            sweep_interval,
+        })
+    }
+
+    fn cluster(&self, t: &Table) -> Result<ClusterConfig, ConfigError> {
+        let mut f = Fields::new(t);
+        let err = |field: &str, m: String| self.err(None, Some("cluster"), field, m);
+        let gossip = match f.get("gossip") {
+            None => None,
+            Some(v) => Some(socket_addr(v).map_err(|m| err("gossip", m))?),
+        };
+        let advertise = match f.get("advertise") {
+            None => None,
+            Some(Value::String(s)) => Some(host_port(s).map_err(|m| err("advertise", m))?),
+            Some(_) => return Err(err("advertise", "must be a \"host:port\" string".into())),
+        };
+        let seeds = match f.get("seeds") {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| match v {
+                    Value::String(s) => host_port(s),
+                    _ => Err("must be a list of \"host:port\" strings".to_owned()),
+                })
+                .collect::<Result<_, _>>()
+                .map_err(|m| err("seeds", m))?,
+            Some(_) => {
+                return Err(err(
+                    "seeds",
+                    "must be a list of \"host:port\" strings".into(),
+                ));
+            }
+        };
+        let cluster_id = match f.get("cluster_id") {
+            None => DEFAULT_CLUSTER_ID.to_owned(),
+            Some(Value::String(s)) if !s.is_empty() => s.clone(),
+            Some(_) => return Err(err("cluster_id", "must be a non-empty string".into())),
+        };
+        if let Some(field) = f.unknown() {
+            return Err(err(field, "unknown field".into()));
+        }
+        Ok(ClusterConfig {
+            gossip,
+            advertise,
+            seeds,
+            cluster_id,
+        })
+    }
+
+    fn rule(&self, index: usize, t: &Table) -> Result<Rule, ConfigError> {
+        let mut f = Fields::new(t);
+        // Until the name is known, the rule is named by its position.
+        let position = format!("#{} (unnamed)", index + 1);
+        let name = match f.get("name") {
+            Some(Value::String(s)) if valid_name(s) => s.clone(),
+            Some(Value::String(s)) => {
+                return Err(self.err(
+                    Some(&quoted(s)),
+                    None,
+                    "name",
+                    "must be 1 to 64 characters of letters, digits, '_', '-', '.'",
+                ));
+            }
+            Some(_) => return Err(self.err(Some(&position), None, "name", "must be a string")),
+            None => return Err(self.err(Some(&position), None, "name", "is required")),
+        };
+        let rule_name = quoted(&name);
+        let rn = Some(rule_name.as_str());
+        let err = |field: &str, m: String| self.err(rn, None, field, m);
+
+        let scope = match f.get("scope") {
+            None => Scope::Global,
+            Some(Value::String(s)) if s == "global" => Scope::Global,
+            Some(Value::String(s)) if s == "local" => Scope::Local,
+            Some(_) => return Err(err("scope", "must be \"global\" or \"local\"".into())),
+        };
+        let max_wait = match f.get("max_wait") {
+            None => 0,
+            Some(v) => nanos(v).map_err(|m| err("max_wait", m))?,
+        };
+        let limits = match f.get("limits") {
+            Some(Value::Array(items)) => {
+                for field in ["algorithm", "limit", "period", "burst"] {
+                    if t.contains_key(field) {
+                        return Err(err(
+                            field,
+                            "a rule with [[rule.limits]] sets algorithm, limit, period and burst in each limit, not on the rule".into(),
+                        ));
+                    }
+                    f.taken.push(field);
+                }
+                if items.is_empty() {
+                    return Err(err("limits", "needs at least one limit".into()));
+                }
+                items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, item)| match item {
+                        Value::Table(t) => self.limit(rn, &format!("limits[{i}]."), t, true),
+                        _ => Err(err(
+                            "limits",
+                            "each limit must be a table ([[rule.limits]])".into(),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+            }
+            Some(_) => return Err(err("limits", "must be [[rule.limits]] tables".into())),
+            None => {
+                f.taken.extend(["algorithm", "limit", "period", "burst"]);
+                vec![self.limit(rn, "", t, false)?]
+            }
+        };
+        if let Some(field) = f.unknown() {
+            return Err(err(field, "unknown field".into()));
+        }
+        if max_wait > 0
+            && !limits
+                .iter()
+                .any(|l| l.algorithm() == Algorithm::LeakyBucket)
+        {
+            return Err(err(
+                "max_wait",
+                "only a leaky_bucket shapes (holds callers); other algorithms deny at once".into(),
+            ));
+        }
+        Ok(Rule {
+            name,
+            limits,
+            scope,
+            max_wait,
+        })
+    }
+
+    /// One limit, from a `[[rule.limits]]` table or from the rule itself (then the rule's
+    /// other fields are not this function's to check).
+    fn limit(
+        &self,
+        rule: Option<&str>,
+        prefix: &str,
+        t: &Table,
+        own_table: bool,
+    ) -> Result<Limit, ConfigError> {
+        let mut f = Fields::new(t);
+        let err = |field: &str, m: String| self.err(rule, None, &format!("{prefix}{field}"), m);
+        let algorithm = match f.get("algorithm") {
+            None => {
+                return Err(err(
+                    "algorithm",
+                    format!("is required: one of {}", algorithm_names()),
+                ));
+            }
+            Some(Value::String(s)) => Algorithm::from_name(s).ok_or_else(|| {
+                err(
+                    "algorithm",
+                    format!(
+                        "unknown algorithm \"{s}\": expected one of {}",
+                        algorithm_names()
+                    ),
+                )
+            })?,
+            Some(_) => {
+                return Err(err(
+                    "algorithm",
+                    format!("must be a string: one of {}", algorithm_names()),
+                ));
+            }
+        };
+        let limit = match f.get("limit") {
+            None => {
+                return Err(err(
+                    "limit",
+                    "is required: units admitted per period".into(),
+                ));
+            }
+            Some(v) => positive_integer(v).map_err(|m| err("limit", m))?,
+        };
+        let period = match f.get("period") {
+            None => return Err(err("period", "is required, e.g. \"1s\", \"1m\"".into())),
+            Some(v) => nanos(v).map_err(|m| err("period", m))?,
+        };
+        let burst = match f.get("burst") {
+            None => None,
+            Some(v) => Some(positive_integer(v).map_err(|m| err("burst", m))?),
+        };
+        if own_table {
+            if let Some(field) = f.unknown() {
+                return Err(err(field, "unknown field".into()));
+            }
+        }
+        Limit::new(algorithm, limit, period, burst).map_err(|e| {
+            let field = match e {
+                crate::limiter::LimitError::Limit(_)
+                | crate::limiter::LimitError::LogTooLarge(_) => "limit",
+                crate::limiter::LimitError::Burst(_)
+                | crate::limiter::LimitError::BurstNotApplicable(_) => "burst",
+                crate::limiter::LimitError::Period => "period",
+            };
+            err(field, e.to_string())
+        })
+    }
+}
+
+fn quoted(name: &str) -> String {
+    format!("\"{name}\"")
+}
+
+fn algorithm_names() -> String {
+    Algorithm::ALL.map(Algorithm::name).join(", ")
+}
+
+/// Rule names appear in headers and metric labels, so keep them plain.
+fn valid_name(s: &str) -> bool {
+    (1..=64).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+fn positive_integer(v: &Value) -> Result<u64, String> {
+    match v {
+        Value::Integer(n) if *n >= 1 => Ok(*n as u64),
+        Value::Integer(n) => Err(format!("must be at least 1, got {n}")),
+        _ => Err("must be a whole number".into()),
+    }
+}
+
+fn count(v: Option<&Value>, default: usize) -> Result<usize, String> {
+    match v {
+        None => Ok(default),
+        Some(v) => positive_integer(v).and_then(|n| usize::try_from(n).map_err(|e| e.to_string())),
+    }
+}
+
+fn nanos(v: &Value) -> Result<Nanos, String> {
+    match v {
+        Value::String(s) => parse_duration(s),
+        _ => Err(
+            "must be a duration string such as \"250ms\", \"1s\", \"1m\", \"1h\", \"1d\"".into(),
+        ),
+    }
+}
+
+fn positive_duration(v: Option<&Value>, default: Duration) -> Result<Duration, String> {
+    match v {
+        None => Ok(default),
+        Some(v) => match nanos(v)? {
+            0 => Err("must be longer than 0".into()),
+            n => Ok(Duration::from_nanos(n)),
+        },
+    }
+}
+
+fn socket_addr(v: &Value) -> Result<SocketAddr, String> {
+    match v {
+        Value::String(s) => s.parse().map_err(|_| {
+            format!("\"{s}\" is not an IP address with a port, e.g. \"127.0.0.1:7070\"")
+        }),
+        _ => Err("must be an \"ip:port\" string".into()),
+    }
+}
+
+/// `host:port` with a non-empty host and a valid port (the host may be a DNS name).
+pub fn host_port(s: &str) -> Result<String, String> {
+    let ok = s
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if ok {
+        Ok(s.to_owned())
+    } else {
+        Err(format!("\"{s}\" is not \"host:port\""))
+    }
+}
+
+#[cfg(test)]
+mod tests;

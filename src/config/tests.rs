@@ -1,0 +1,218 @@
+use super::*;
+use crate::limiter::{MILLISECOND, SECOND};
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, "rules.toml")
+}
+
+fn error(text: &str) -> String {
+    parse(text)
+        .expect_err("config should be refused")
+        .to_string()
+}
+
+#[test]
+fn builtin_rules_parse_and_include_default() {
+    let config = Config::load(None, &Overrides::default()).unwrap();
+    let names: Vec<_> = config.rules.iter().map(|r| r.name.as_str()).collect();
+    assert!(names.contains(&"default"));
+    assert_eq!(config.server.http.to_string(), DEFAULT_HTTP);
+    let api = config.rules.iter().find(|r| r.name == "api").unwrap();
+    assert_eq!(api.limits.len(), 2);
+}
+
+#[test]
+fn rule_fields_parse_with_defaults() {
+    let c = parse(
+        r#"
+        [[rule]]
+        name = "api"
+        algorithm = "token_bucket"
+        limit = 100
+        period = "1s"
+        "#,
+    )
+    .unwrap();
+    let rule = &c.rules[0];
+    assert_eq!(rule.scope, Scope::Global);
+    assert_eq!(rule.max_wait, 0);
+    assert_eq!(rule.limits[0].burst(), 100);
+    assert_eq!(rule.limits[0].period(), SECOND);
+}
+
+#[test]
+fn composite_rule_parses_each_limit() {
+    let c = parse(
+        r#"
+        [[rule]]
+        name = "hybrid"
+        scope = "local"
+        [[rule.limits]]
+        algorithm = "token_bucket"
+        limit = 10
+        period = "1s"
+        burst = 20
+        [[rule.limits]]
+        algorithm = "sliding_window_log"
+        limit = 300
+        period = "1m"
+        "#,
+    )
+    .unwrap();
+    let rule = &c.rules[0];
+    assert_eq!(rule.scope, Scope::Local);
+    assert_eq!(rule.limits[0].burst(), 20);
+    assert_eq!(rule.limits[1].algorithm(), Algorithm::SlidingWindowLog);
+}
+
+#[test]
+fn errors_name_file_rule_and_field() {
+    let e = error(
+        r#"
+        [[rule]]
+        name = "api"
+        algorithm = "token_bucket"
+        limit = 0
+        period = "1s"
+        "#,
+    );
+    assert_eq!(
+        e,
+        "rules.toml: rule \"api\", field \"limit\": must be at least 1, got 0"
+    );
+}
+
+#[test]
+fn errors_for_each_bad_field() {
+    let rule = |body: &str| format!("[[rule]]\nname = \"r\"\n{body}");
+    let cases = [
+        (
+            rule("algorithm = \"gcra\"\nlimit = 1\nperiod = \"1s\""),
+            "field \"algorithm\": unknown algorithm \"gcra\"",
+        ),
+        (
+            rule("limit = 1\nperiod = \"1s\""),
+            "field \"algorithm\": is required",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nperiod = \"1s\""),
+            "field \"limit\": is required",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nlimit = 1.5\nperiod = \"1s\""),
+            "field \"limit\": must be a whole number",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nlimit = 1"),
+            "field \"period\": is required",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nlimit = 1\nperiod = \"1 sec\""),
+            "field \"period\": \"1 sec\" is not a duration",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nlimit = 1\nperiod = \"0s\""),
+            "field \"period\": period must be between",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nlimit = 1\nperiod = \"1s\"\nburst = 0"),
+            "field \"burst\": must be at least 1",
+        ),
+        (
+            rule("algorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\nburst = 5"),
+            "field \"burst\": burst applies only",
+        ),
+        (
+            rule("algorithm = \"sliding_window_log\"\nlimit = 1000000\nperiod = \"1s\""),
+            "field \"limit\": sliding_window_log keeps one entry",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nlimit = 1\nperiod = \"1s\"\nscope = \"cluster\""),
+            "field \"scope\": must be \"global\" or \"local\"",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nlimit = 1\nperiod = \"1s\"\nmax_wait = \"1s\""),
+            "field \"max_wait\": only a leaky_bucket shapes",
+        ),
+        (
+            rule("algorithm = \"token_bucket\"\nlimit = 1\nperiod = \"1s\"\nlimt = 3"),
+            "field \"limt\": unknown field",
+        ),
+        (
+            rule(
+                "algorithm = \"token_bucket\"\nlimit = 1\nperiod = \"1s\"\n[[rule.limits]]\nalgorithm = \"token_bucket\"\nlimit = 1\nperiod = \"1s\"",
+            ),
+            "field \"algorithm\": a rule with [[rule.limits]]",
+        ),
+        (
+            rule(
+                "[[rule.limits]]\nalgorithm = \"token_bucket\"\nlimit = 1\nperiod = \"1s\"\nbrust = 2",
+            ),
+            "field \"limits[0].brust\": unknown field",
+        ),
+    ];
+    for (text, expected) in cases {
+        let e = error(&text);
+        assert!(e.starts_with("rules.toml: rule \"r\", "), "{e}");
+        assert!(e.contains(expected), "expected {expected:?} in {e:?}");
+    }
+}
+
+#[test]
+fn errors_outside_rules() {
+    assert!(error("").contains("at least one [[rule]] is required"));
+    assert!(
+        error("[[rule]]\nalgorithm = \"token_bucket\"")
+            .contains("rule #1 (unnamed), field \"name\": is required")
+    );
+    assert!(error("[[rule]]\nname = \"a b\"").contains("field \"name\": must be 1 to 64"));
+    let two = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\n";
+    assert!(error(&format!("{two}{two}")).contains("rule \"a\", field \"name\": defined twice"));
+    let ok_rule =
+        "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\n";
+    assert!(
+        error(&format!("[server]\nhttp = \"localhost\"\n{ok_rule}"))
+            .contains("[server], field \"http\"")
+    );
+    assert!(
+        error(&format!("[server]\nmax_keys = 0\n{ok_rule}"))
+            .contains("[server], field \"max_keys\"")
+    );
+    assert!(
+        error(&format!("[cluster]\nseeds = [\"nohost\"]\n{ok_rule}"))
+            .contains("[cluster], field \"seeds\"")
+    );
+    assert!(
+        error(&format!("typo = 1\n{ok_rule}")).contains("field \"typo\": unknown top-level field")
+    );
+    assert!(error("[[rule]\nname=").starts_with("rules.toml: not valid TOML"));
+}
+
+#[test]
+fn overrides_win_over_the_file() {
+    let text = r#"
+        [server]
+        http = "127.0.0.1:1"
+        node_id = "file"
+        [cluster]
+        seeds = ["a:1"]
+        [[rule]]
+        name = "a"
+        algorithm = "leaky_bucket"
+        limit = 1
+        period = "250ms"
+        max_wait = "2s"
+    "#;
+    let mut c = parse(text).unwrap();
+    assert_eq!(c.rules[0].max_wait, 2 * SECOND);
+    assert_eq!(c.rules[0].limits[0].period(), 250 * MILLISECOND);
+    c.apply(&Overrides {
+        http: Some("127.0.0.1:2".parse().unwrap()),
+        node_id: Some("flag".into()),
+        seeds: Some(vec!["b:2".into(), "c:3".into()]),
+        ..Overrides::default()
+    });
+    assert_eq!(c.server.http.port(), 2);
+    assert_eq!(c.server.node_id, "flag");
+    assert_eq!(c.cluster.seeds, ["b:2", "c:3"]);
+}

@@ -1,0 +1,30 @@
+//! gossamer: a cluster-native rate limiter.
+//!
+//! An application asks its node-local gossamer "may key K spend cost C under rule R?" over
+//! HTTP and gets an answer from local state in microseconds.
+//!
+//! # Layout
+//! - [`limiter`]: the five algorithms, pure functions of (state, now, cost); composite rules.
+//! - [`store`]: the sharded, bounded keyed store that owns concurrency and eviction.
+//! - [`engine`]: rules + store + clock; the only reader of the time.
+//! - [`clock`]: the [`Clock`](clock::Clock) trait, the system clock and a manual clock.
+//! - [`config`]: TOML + environment + flags, validated into one [`Config`](config::Config).
+//! - [`api`]: HTTP routes, rate-limit headers, the one mapping from errors to responses.
+//! - [`metrics`]: Prometheus counters and the check-latency histogram.
+//! - [`server`]: binds, serves with bounded connections and timeouts, drains on shutdown.
+//! - [`client`]: a small HTTP client for `gossamer check` and the tests.
+//!
+//! Dependencies point one way: `server -> api -> engine -> {limiter, store, clock}`.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod api;
+pub mod client;
+pub mod clock;
+pub mod config;
+pub mod engine;
+pub mod limiter;
+pub mod metrics;
+pub mod server;
+pub mod store;

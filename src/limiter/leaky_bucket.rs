@@ -1,0 +1,219 @@
+//! Leaky bucket as a meter: a bucket of capacity `burst` that drains at `limit` per `period`.
+//! A check of cost `c` pours `c` units in; it conforms when the bucket does not overflow. Up to
+//! `burst` pass back to back, then admissions are spaced at the leak rate.
+//!
+//! - **Policing** (`max_wait` = 0): a non-conforming check is denied.
+//! - **Shaping** (`max_wait` > 0): a check that would conform within `max_wait` reserves its
+//!   place now (the water is poured at once, above the brim) and the caller is held until the
+//!   level has drained to where it fits. Because the reservation is part of the state, the
+//!   next caller queues behind it: concurrent waiters leave evenly spaced, `period / limit`
+//!   apart per unit, and the output never exceeds the leak rate.
+//!
+//! The state is one number: the scaled time at which the bucket will be empty (the
+//! "theoretical arrival time" of GCRA, which is this meter in other words). Policing makes
+//! exactly the decisions a token bucket with the same parameters makes — a test checks it —
+//! the difference is shaping. Pure: no I/O, no clock.
+
+use super::{Decision, Limit, Nanos, Verdict, div_ceil_nanos, div_u64};
+
+/// One key's meter.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct State {
+    /// Scaled time (nanoseconds × `limit`) at which the bucket drains empty, reservations
+    /// included. At or before the current time, the bucket is empty.
+    empty_at: u128,
+}
+
+/// The bucket's content at `now`, in scaled units (one unit of cost = `period`).
+fn level(state: &State, limit: &Limit, now: Nanos) -> u128 {
+    state
+        .empty_at
+        .saturating_sub(u128::from(now) * u128::from(limit.limit()))
+}
+
+/// Decides `cost` at `now` without changing `state`. With `max_wait` > 0 a check that fits
+/// within `max_wait` is admitted with that wait.
+pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64, max_wait: Nanos) -> Decision {
+    let period = u128::from(limit.period());
+    let rate = u128::from(limit.limit());
+    let cap = u128::from(limit.burst()) * period;
+    let level = level(state, limit, now);
+    let remaining = |level: u128| div_u64(cap.saturating_sub(level), period);
+    if cost > limit.burst() {
+        return Decision {
+            verdict: Verdict::Never,
+            limit: limit.limit(),
+            remaining: remaining(level),
+            reset_after: div_ceil_nanos(level, rate),
+        };
+    }
+    let after = level + u128::from(cost) * period;
+    let wait = div_ceil_nanos(after.saturating_sub(cap), rate);
+    if wait <= max_wait {
+        Decision {
+            verdict: Verdict::Admit { wait },
+            limit: limit.limit(),
+            remaining: remaining(after),
+            reset_after: div_ceil_nanos(after, rate),
+        }
+    } else {
+        Decision {
+            verdict: Verdict::Deny { retry_after: wait },
+            limit: limit.limit(),
+            remaining: remaining(level),
+            reset_after: div_ceil_nanos(level, rate),
+        }
+    }
+}
+
+/// Pours `cost` in at `now` (reserving a place if the caller is to wait); `decide` must have
+/// admitted it.
+pub fn commit(state: &mut State, limit: &Limit, now: Nanos, cost: u64) {
+    let now_scaled = u128::from(now) * u128::from(limit.limit());
+    state.empty_at = state.empty_at.max(now_scaled) + u128::from(cost) * u128::from(limit.period());
+}
+
+/// An empty bucket is a fresh one.
+pub fn is_fresh(state: &State, limit: &Limit, now: Nanos) -> bool {
+    level(state, limit, now) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::limiter::{Algorithm, MILLISECOND, SECOND, token_bucket};
+    use proptest::prelude::*;
+
+    const T0: Nanos = 1_700_000_000 * SECOND;
+
+    fn meter(limit: u64, period: Nanos, burst: u64) -> Limit {
+        Limit::new(Algorithm::LeakyBucket, limit, period, Some(burst)).unwrap()
+    }
+
+    fn check(s: &mut State, l: &Limit, now: Nanos, cost: u64, max_wait: Nanos) -> Decision {
+        let d = decide(s, l, now, cost, max_wait);
+        if d.allowed() {
+            commit(s, l, now, cost);
+        }
+        d
+    }
+
+    #[test]
+    fn leaky_bucket_passes_burst_back_to_back_then_spaces_at_leak_rate() {
+        let l = meter(10, SECOND, 5);
+        let mut s = State::default();
+        for _ in 0..5 {
+            assert!(check(&mut s, &l, T0, 1, 0).allowed());
+        }
+        assert_eq!(
+            check(&mut s, &l, T0, 1, 0).verdict,
+            Verdict::Deny {
+                retry_after: 100 * MILLISECOND
+            }
+        );
+        // Then one every 100 ms.
+        for i in 1..=10 {
+            let now = T0 + i * 100 * MILLISECOND;
+            assert!(check(&mut s, &l, now, 1, 0).allowed(), "at step {i}");
+            assert!(!check(&mut s, &l, now, 1, 0).allowed(), "at step {i}");
+        }
+    }
+
+    #[test]
+    fn leaky_bucket_shaping_reserves_evenly_spaced_places() {
+        let l = meter(10, SECOND, 2);
+        let mut s = State::default();
+        let max_wait = SECOND;
+        let waits: Vec<_> = (0..14)
+            .map(|_| check(&mut s, &l, T0, 1, max_wait).verdict)
+            .collect();
+        // Two pass at once, then one place every 100 ms up to the 1 s limit on waiting.
+        let mut expected = vec![Verdict::Admit { wait: 0 }; 2];
+        expected.extend((1..=10).map(|i| Verdict::Admit {
+            wait: i * 100 * MILLISECOND,
+        }));
+        expected.push(Verdict::Deny {
+            retry_after: 1_100 * MILLISECOND,
+        });
+        expected.push(Verdict::Deny {
+            retry_after: 1_100 * MILLISECOND,
+        });
+        assert_eq!(waits, expected);
+    }
+
+    #[test]
+    fn leaky_bucket_cost_above_burst_is_never_even_when_shaping() {
+        let l = meter(10, SECOND, 2);
+        let s = State::default();
+        assert_eq!(
+            decide(&s, &l, T0, 3, 3_600 * SECOND).verdict,
+            Verdict::Never
+        );
+    }
+
+    #[test]
+    fn leaky_bucket_fresh_once_drained() {
+        let l = meter(10, SECOND, 10);
+        let mut s = State::default();
+        check(&mut s, &l, T0, 4, 0);
+        assert!(!is_fresh(&s, &l, T0 + 399 * MILLISECOND));
+        assert!(is_fresh(&s, &l, T0 + 400 * MILLISECOND));
+    }
+
+    proptest! {
+        /// Policing is the token bucket seen from the other side: same decisions, always.
+        #[test]
+        fn leaky_bucket_policing_decides_as_token_bucket(
+            limit in 1u64..50, burst in 1u64..50, period_ms in 1u64..5_000,
+            steps in proptest::collection::vec((0u64..2_000, 0u64..60), 1..200),
+        ) {
+            let lb = meter(limit, period_ms * MILLISECOND, burst);
+            let tb = Limit::new(Algorithm::TokenBucket, limit, period_ms * MILLISECOND, Some(burst)).unwrap();
+            let (mut ls, mut ts) = (State::default(), token_bucket::State::default());
+            let mut now = T0;
+            for (dt, cost) in steps {
+                now += dt * MILLISECOND / 7;
+                let a = check(&mut ls, &lb, now, cost, 0);
+                let b = token_bucket::decide(&ts, &tb, now, cost);
+                if b.allowed() { token_bucket::commit(&mut ts, &tb, now, cost); }
+                prop_assert_eq!(a, b);
+            }
+        }
+
+        /// With shaping, the times at which callers leave never exceed burst + rate × t.
+        #[test]
+        fn leaky_bucket_shaped_departures_respect_the_leak_rate(
+            limit in 1u64..20, burst in 1u64..20, period_ms in 10u64..2_000,
+            max_wait_ms in 0u64..3_000,
+            steps in proptest::collection::vec((0u64..500, 1u64..5), 1..150),
+        ) {
+            let l = meter(limit, period_ms * MILLISECOND, burst);
+            let mut s = State::default();
+            let mut now = T0;
+            let mut departures = Vec::new();
+            for (dt, cost) in steps {
+                now += dt * MILLISECOND;
+                let d = check(&mut s, &l, now, cost, max_wait_ms * MILLISECOND);
+                if let Verdict::Admit { wait } = d.verdict {
+                    prop_assert!(wait <= max_wait_ms * MILLISECOND);
+                    departures.push((now + wait, cost));
+                }
+            }
+            departures.sort();
+            // Any window [a, b] of departures carries at most burst + rate × (b - a). Waits
+            // are rounded up to whole nanoseconds, so a departure may be up to 1 ns later than
+            // its exact time, which can shorten a window by that much: allow 1 ns.
+            for i in 0..departures.len() {
+                let mut sum = 0u128;
+                for &(t, c) in &departures[i..] {
+                    sum += u128::from(c);
+                    let span = u128::from(t - departures[i].0) + 1;
+                    prop_assert!(
+                        sum * u128::from(l.period())
+                            <= u128::from(burst) * u128::from(l.period()) + span * u128::from(limit)
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,556 @@
+//! Pure rate-limit algorithms.
+//!
+//! Every function here is a plain function of `(state, now, cost)`: no I/O, no clock reads, no
+//! locks. The engine reads the clock and owns concurrency; this module only decides.
+//!
+//! Each algorithm exposes the same three steps so that a rule with several limits can be
+//! checked atomically (see [`KeyState`]):
+//! - `decide(&state, limit, now, cost, max_wait) -> Decision` says what *would* happen;
+//! - `commit(&mut state, limit, now, cost)` records an admission that `decide` allowed;
+//! - `is_fresh(&state, limit, now)` says whether the state equals a fresh key's, so the key
+//!   can be evicted without changing any future decision.
+//!
+//! A status query is `decide` with cost 0, which always admits and reports what is left.
+//!
+//! Time is [`Nanos`] since the Unix epoch. Bucket algorithms compute in *scaled* integer
+//! units (time × limit, cost × period) in `u128`, so a rate such as 1 per 3 s is exact and no
+//! rounding error accumulates.
+
+pub mod fixed_window;
+pub mod leaky_bucket;
+pub mod sliding_counter;
+pub mod sliding_log;
+pub mod token_bucket;
+
+use std::fmt;
+
+/// Nanoseconds since the Unix epoch (or a duration in nanoseconds).
+pub type Nanos = u64;
+
+/// One millisecond in [`Nanos`].
+pub const MILLISECOND: Nanos = 1_000_000;
+/// One second in [`Nanos`].
+pub const SECOND: Nanos = 1_000_000_000;
+
+/// The largest `limit` a sliding window log accepts: the log holds at most one entry per
+/// admitted unit of cost, 16 bytes each, so this bounds one key's log to 160 KiB (320 KiB
+/// while its ring buffer grows).
+pub const MAX_LOG_LIMIT: u64 = 10_000;
+/// The largest `limit` or `burst` any algorithm accepts (keeps scaled arithmetic in `u128`).
+pub const MAX_LIMIT: u64 = 1 << 40;
+/// The shortest period accepted.
+pub const MIN_PERIOD: Nanos = MILLISECOND;
+/// The longest period accepted (366 days).
+pub const MAX_PERIOD: Nanos = 366 * 24 * 3600 * SECOND;
+
+/// Which algorithm a limit runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Refills `limit` tokens per `period` up to `burst`; a check spends `cost` tokens.
+    TokenBucket,
+    /// A meter of capacity `burst` draining at `limit` per `period`; can shape (queue) callers.
+    LeakyBucket,
+    /// Counts per window aligned to multiples of `period` since the Unix epoch.
+    FixedWindow,
+    /// Exact: remembers every admission of the last `period`.
+    SlidingWindowLog,
+    /// Previous window's count weighted by its overlap with the sliding window, plus the current.
+    SlidingWindowCounter,
+}
+
+impl Algorithm {
+    /// Every algorithm, in documentation order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::TokenBucket,
+        Algorithm::LeakyBucket,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindowLog,
+        Algorithm::SlidingWindowCounter,
+    ];
+
+    /// The name used in config files.
+    pub fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::LeakyBucket => "leaky_bucket",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindowLog => "sliding_window_log",
+            Algorithm::SlidingWindowCounter => "sliding_window_counter",
+        }
+    }
+
+    /// Parses a config name.
+    pub fn from_name(name: &str) -> Option<Algorithm> {
+        Algorithm::ALL.into_iter().find(|a| a.name() == name)
+    }
+
+    /// Whether `burst` means anything for this algorithm (windowed ones count to `limit`).
+    pub fn has_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::LeakyBucket)
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a [`Limit`] could not be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LimitError {
+    /// `limit` was 0 or above [`MAX_LIMIT`].
+    #[error("limit must be between 1 and {MAX_LIMIT}, got {0}")]
+    Limit(u64),
+    /// `burst` was 0 or above [`MAX_LIMIT`].
+    #[error("burst must be between 1 and {MAX_LIMIT}, got {0}")]
+    Burst(u64),
+    /// `burst` was set to something other than `limit` for a windowed algorithm.
+    #[error("burst applies only to token_bucket and leaky_bucket; {0} counts up to limit")]
+    BurstNotApplicable(Algorithm),
+    /// `period` outside [`MIN_PERIOD`, `MAX_PERIOD`].
+    #[error("period must be between 1ms and 366d")]
+    Period,
+    /// A sliding window log above [`MAX_LOG_LIMIT`].
+    #[error(
+        "sliding_window_log keeps one entry per admitted unit, so limit may be at most {MAX_LOG_LIMIT} (got {0}); use sliding_window_counter for larger limits"
+    )]
+    LogTooLarge(u64),
+}
+
+/// One validated limit: `limit` units per `period`, with a `burst` capacity for buckets.
+///
+/// Built only through [`Limit::new`], so `limit`, `burst` and `period` are never zero.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Limit {
+    algorithm: Algorithm,
+    limit: u64,
+    period: Nanos,
+    burst: u64,
+}
+
+impl Limit {
+    /// Validates and builds a limit. `burst` defaults to `limit`.
+    pub fn new(
+        algorithm: Algorithm,
+        limit: u64,
+        period: Nanos,
+        burst: Option<u64>,
+    ) -> Result<Limit, LimitError> {
+        if limit == 0 || limit > MAX_LIMIT {
+            return Err(LimitError::Limit(limit));
+        }
+        if !(MIN_PERIOD..=MAX_PERIOD).contains(&period) {
+            return Err(LimitError::Period);
+        }
+        let burst = burst.unwrap_or(limit);
+        if burst == 0 || burst > MAX_LIMIT {
+            return Err(LimitError::Burst(burst));
+        }
+        if !algorithm.has_burst() && burst != limit {
+            return Err(LimitError::BurstNotApplicable(algorithm));
+        }
+        if algorithm == Algorithm::SlidingWindowLog && limit > MAX_LOG_LIMIT {
+            return Err(LimitError::LogTooLarge(limit));
+        }
+        Ok(Limit {
+            algorithm,
+            limit,
+            period,
+            burst,
+        })
+    }
+
+    /// The algorithm.
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+    /// Units admitted per period.
+    pub fn limit(&self) -> u64 {
+        self.limit
+    }
+    /// The period, in nanoseconds.
+    pub fn period(&self) -> Nanos {
+        self.period
+    }
+    /// The bucket capacity (equal to `limit` for windowed algorithms).
+    pub fn burst(&self) -> u64 {
+        self.burst
+    }
+    /// The largest cost one check can ever be admitted with.
+    pub fn max_cost(&self) -> u64 {
+        self.burst
+    }
+
+    /// Decides `cost` at `now` against `state` without changing it.
+    pub fn decide(&self, state: &State, now: Nanos, cost: u64, max_wait: Nanos) -> Decision {
+        match state {
+            State::TokenBucket(s) => token_bucket::decide(s, self, now, cost),
+            State::LeakyBucket(s) => leaky_bucket::decide(s, self, now, cost, max_wait),
+            State::FixedWindow(s) => fixed_window::decide(s, self, now, cost),
+            State::SlidingLog(s) => sliding_log::decide(s, self, now, cost),
+            State::SlidingCounter(s) => sliding_counter::decide(s, self, now, cost),
+        }
+    }
+
+    /// Records an admission of `cost` at `now` that [`Limit::decide`] allowed.
+    pub fn commit(&self, state: &mut State, now: Nanos, cost: u64) {
+        match state {
+            State::TokenBucket(s) => token_bucket::commit(s, self, now, cost),
+            State::LeakyBucket(s) => leaky_bucket::commit(s, self, now, cost),
+            State::FixedWindow(s) => fixed_window::commit(s, self, now, cost),
+            State::SlidingLog(s) => sliding_log::commit(s, self, now, cost),
+            State::SlidingCounter(s) => sliding_counter::commit(s, self, now, cost),
+        }
+    }
+
+    /// Whether `state` makes the same decisions as a fresh key's from `now` on.
+    pub fn is_fresh(&self, state: &State, now: Nanos) -> bool {
+        match state {
+            State::TokenBucket(s) => token_bucket::is_fresh(s, self, now),
+            State::LeakyBucket(s) => leaky_bucket::is_fresh(s, self, now),
+            State::FixedWindow(s) => fixed_window::is_fresh(s, self, now),
+            State::SlidingLog(s) => sliding_log::is_fresh(s, self, now),
+            State::SlidingCounter(s) => sliding_counter::is_fresh(s, self, now),
+        }
+    }
+
+    /// The state of a key never seen before.
+    pub fn fresh_state(&self) -> State {
+        match self.algorithm {
+            Algorithm::TokenBucket => State::TokenBucket(Default::default()),
+            Algorithm::LeakyBucket => State::LeakyBucket(Default::default()),
+            Algorithm::FixedWindow => State::FixedWindow(Default::default()),
+            Algorithm::SlidingWindowLog => State::SlidingLog(Default::default()),
+            Algorithm::SlidingWindowCounter => State::SlidingCounter(Default::default()),
+        }
+    }
+}
+
+/// One limit's state for one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum State {
+    /// See [`token_bucket`].
+    TokenBucket(token_bucket::State),
+    /// See [`leaky_bucket`].
+    LeakyBucket(leaky_bucket::State),
+    /// See [`fixed_window`].
+    FixedWindow(fixed_window::State),
+    /// See [`sliding_log`].
+    SlidingLog(sliding_log::State),
+    /// See [`sliding_counter`].
+    SlidingCounter(sliding_counter::State),
+}
+
+/// What a check gets: admitted (possibly after a wait), denied until later, or never.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Admitted. `wait` > 0 only for a shaping leaky bucket: a place was reserved and the
+    /// caller must be held `wait` nanoseconds before going ahead.
+    Admit {
+        /// How long to hold the caller.
+        wait: Nanos,
+    },
+    /// Not now: the same check would be admitted `retry_after` nanoseconds from now if
+    /// nothing else were admitted meanwhile.
+    Deny {
+        /// Nanoseconds until the check could be admitted.
+        retry_after: Nanos,
+    },
+    /// The cost exceeds what the limit can ever admit at once (cost > burst, or > limit for
+    /// windowed algorithms). Retrying is pointless.
+    Never,
+}
+
+/// A decision: the verdict and what the limit looks like for this key afterwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decision {
+    /// Admit, deny or never.
+    pub verdict: Verdict,
+    /// The limit's `limit` (units per period).
+    pub limit: u64,
+    /// Units that could still be admitted right now (after this check, if admitted).
+    pub remaining: u64,
+    /// Nanoseconds until the key is back to a fresh key's state (full bucket, empty window).
+    pub reset_after: Nanos,
+}
+
+impl Decision {
+    /// Whether the verdict admits.
+    pub fn allowed(&self) -> bool {
+        matches!(self.verdict, Verdict::Admit { .. })
+    }
+
+    /// Nanoseconds until a retry could succeed; 0 when admitted, `None` for never.
+    pub fn retry_after(&self) -> Option<Nanos> {
+        match self.verdict {
+            Verdict::Admit { .. } => Some(0),
+            Verdict::Deny { retry_after } => Some(retry_after),
+            Verdict::Never => None,
+        }
+    }
+}
+
+/// All limits' states for one key of a rule, checked and charged together.
+///
+/// A rule with one limit (the common case) keeps its state inline; a composite rule boxes a
+/// slice, one state per limit, in the rule's order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyState {
+    /// A rule with one limit.
+    One(State),
+    /// A rule with several limits.
+    Many(Box<[State]>),
+}
+
+impl KeyState {
+    /// The state of a key never seen before under `limits`.
+    pub fn fresh(limits: &[Limit]) -> KeyState {
+        match limits {
+            [one] => KeyState::One(one.fresh_state()),
+            many => KeyState::Many(many.iter().map(Limit::fresh_state).collect()),
+        }
+    }
+
+    fn states(&self) -> &[State] {
+        match self {
+            KeyState::One(s) => std::slice::from_ref(s),
+            KeyState::Many(s) => s,
+        }
+    }
+
+    fn states_mut(&mut self) -> &mut [State] {
+        match self {
+            KeyState::One(s) => std::slice::from_mut(s),
+            KeyState::Many(s) => s,
+        }
+    }
+
+    /// Checks `cost` against every limit; admits only if all admit, and then charges all.
+    /// A denial charges none. Returns the index of the most restrictive limit and its
+    /// decision: never over deny over admit; among denials the longest `retry_after`; among
+    /// admissions the fewest `remaining` (with the longest wait any shaping limit imposes).
+    pub fn check(
+        &mut self,
+        limits: &[Limit],
+        now: Nanos,
+        cost: u64,
+        max_wait: Nanos,
+    ) -> (usize, Decision) {
+        let (index, decision) = self.peek(limits, now, cost, max_wait);
+        if decision.allowed() && cost > 0 {
+            for (limit, state) in limits.iter().zip(self.states_mut()) {
+                limit.commit(state, now, cost);
+            }
+        }
+        (index, decision)
+    }
+
+    /// What [`KeyState::check`] would decide, without charging anything.
+    pub fn peek(
+        &self,
+        limits: &[Limit],
+        now: Nanos,
+        cost: u64,
+        max_wait: Nanos,
+    ) -> (usize, Decision) {
+        let mut index = 0;
+        let mut worst: Option<Decision> = None;
+        let mut wait = 0;
+        for (i, (limit, state)) in limits.iter().zip(self.states()).enumerate() {
+            let d = limit.decide(state, now, cost, max_wait);
+            wait = wait.max(admit_wait(&d));
+            if worst.is_none_or(|w| more_restrictive(&d, &w)) {
+                index = i;
+                worst = Some(d);
+            }
+        }
+        let mut worst = worst.expect("a rule always has at least one limit");
+        if let Verdict::Admit { .. } = worst.verdict {
+            worst.verdict = Verdict::Admit { wait };
+        }
+        (index, worst)
+    }
+
+    /// What a status query reports: whether a check of cost 1 would be admitted now (and if
+    /// not, when), from the limit that would bind it, with that limit's `remaining` and
+    /// `reset_after` as they stand — nothing charged.
+    pub fn status(&self, limits: &[Limit], now: Nanos) -> (usize, Decision) {
+        let (index, next) = self.peek(limits, now, 1, 0);
+        let current = limits[index].decide(&self.states()[index], now, 0, 0);
+        let verdict = match next.verdict {
+            Verdict::Admit { .. } => Verdict::Admit { wait: 0 },
+            other => other,
+        };
+        (index, Decision { verdict, ..current })
+    }
+
+    /// Whether every limit's state equals a fresh key's.
+    pub fn is_fresh(&self, limits: &[Limit], now: Nanos) -> bool {
+        limits
+            .iter()
+            .zip(self.states())
+            .all(|(limit, state)| limit.is_fresh(state, now))
+    }
+}
+
+fn admit_wait(d: &Decision) -> Nanos {
+    match d.verdict {
+        Verdict::Admit { wait } => wait,
+        _ => 0,
+    }
+}
+
+fn more_restrictive(a: &Decision, b: &Decision) -> bool {
+    match (a.verdict, b.verdict) {
+        (Verdict::Never, Verdict::Never) => false,
+        (Verdict::Never, _) => true,
+        (_, Verdict::Never) => false,
+        (Verdict::Deny { retry_after: x }, Verdict::Deny { retry_after: y }) => x > y,
+        (Verdict::Deny { .. }, Verdict::Admit { .. }) => true,
+        (Verdict::Admit { .. }, Verdict::Deny { .. }) => false,
+        (Verdict::Admit { .. }, Verdict::Admit { .. }) => a.remaining < b.remaining,
+    }
+}
+
+/// `ceil(a / b)` for positive `b`, saturating into `Nanos`.
+pub(crate) fn div_ceil_nanos(a: u128, b: u128) -> Nanos {
+    u64::try_from(a.div_ceil(b)).unwrap_or(u64::MAX)
+}
+
+/// `a / b` saturating into `u64`.
+pub(crate) fn div_u64(a: u128, b: u128) -> u64 {
+    u64::try_from(a / b).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tb(limit: u64, period: Nanos, burst: u64) -> Limit {
+        Limit::new(Algorithm::TokenBucket, limit, period, Some(burst)).unwrap()
+    }
+
+    #[test]
+    fn limit_rejects_zero_and_misplaced_burst() {
+        assert_eq!(
+            Limit::new(Algorithm::TokenBucket, 0, SECOND, None),
+            Err(LimitError::Limit(0))
+        );
+        assert_eq!(
+            Limit::new(Algorithm::TokenBucket, 1, SECOND, Some(0)),
+            Err(LimitError::Burst(0))
+        );
+        assert_eq!(
+            Limit::new(Algorithm::FixedWindow, 10, SECOND, Some(20)),
+            Err(LimitError::BurstNotApplicable(Algorithm::FixedWindow))
+        );
+        assert_eq!(
+            Limit::new(Algorithm::SlidingWindowLog, MAX_LOG_LIMIT + 1, SECOND, None),
+            Err(LimitError::LogTooLarge(MAX_LOG_LIMIT + 1))
+        );
+        assert_eq!(
+            Limit::new(Algorithm::FixedWindow, 1, MILLISECOND - 1, None),
+            Err(LimitError::Period)
+        );
+    }
+
+    #[test]
+    fn algorithm_names_round_trip() {
+        for a in Algorithm::ALL {
+            assert_eq!(Algorithm::from_name(a.name()), Some(a));
+        }
+        assert_eq!(Algorithm::from_name("gcra"), None);
+    }
+
+    #[test]
+    fn composite_denial_charges_no_limit() {
+        // 10/s burst 20, together with 30 per minute.
+        let limits = [
+            tb(10, SECOND, 20),
+            Limit::new(Algorithm::SlidingWindowLog, 30, 60 * SECOND, None).unwrap(),
+        ];
+        let mut key = KeyState::fresh(&limits);
+        let t0 = 1_000 * SECOND;
+        for _ in 0..20 {
+            assert!(key.check(&limits, t0, 1, 0).1.allowed());
+        }
+        // The bucket is empty: denied, and the log must not have recorded it.
+        let (_, denied) = key.check(&limits, t0, 1, 0);
+        assert_eq!(
+            denied.verdict,
+            Verdict::Deny {
+                retry_after: 100 * MILLISECOND
+            }
+        );
+        // After one second the bucket holds 10 again, but the log allows only 10 more.
+        for _ in 0..10 {
+            assert!(key.check(&limits, t0 + SECOND, 1, 0).1.allowed());
+        }
+        let (i, d) = key.check(&limits, t0 + 2 * SECOND, 1, 0);
+        assert_eq!(i, 1);
+        // The log (30/min) is now the binding limit: retry when the first entry leaves.
+        assert_eq!(d.limit, 30);
+        assert_eq!(
+            d.verdict,
+            Verdict::Deny {
+                retry_after: 58 * SECOND
+            }
+        );
+    }
+
+    #[test]
+    fn composite_reports_fewest_remaining_when_admitted() {
+        let limits = [
+            tb(10, SECOND, 20),
+            Limit::new(Algorithm::FixedWindow, 5, 60 * SECOND, None).unwrap(),
+        ];
+        let mut key = KeyState::fresh(&limits);
+        let (i, d) = key.check(&limits, 60 * SECOND, 1, 0);
+        assert_eq!(i, 1);
+        assert_eq!((d.limit, d.remaining), (5, 4));
+    }
+
+    #[test]
+    fn composite_never_wins_over_deny() {
+        let limits = [
+            tb(10, SECOND, 20),
+            Limit::new(Algorithm::FixedWindow, 5, 60 * SECOND, None).unwrap(),
+        ];
+        let mut key = KeyState::fresh(&limits);
+        let (_, d) = key.check(&limits, 60 * SECOND, 6, 0);
+        assert_eq!(d.verdict, Verdict::Never);
+        assert_eq!(d.limit, 5);
+        assert!(key.is_fresh(&limits, 60 * SECOND));
+    }
+
+    #[test]
+    fn status_reports_what_is_left_and_whether_one_more_fits() {
+        let limits = [tb(10, SECOND, 2)];
+        let mut key = KeyState::fresh(&limits);
+        let (_, d) = key.status(&limits, SECOND);
+        assert_eq!((d.allowed(), d.remaining), (true, 2));
+        key.check(&limits, SECOND, 2, 0);
+        let before = key.clone();
+        let (_, d) = key.status(&limits, SECOND);
+        assert_eq!(
+            d.verdict,
+            Verdict::Deny {
+                retry_after: 100 * MILLISECOND
+            }
+        );
+        assert_eq!((d.remaining, d.reset_after), (0, 200 * MILLISECOND));
+        assert_eq!(key, before);
+    }
+
+    #[test]
+    fn zero_cost_check_charges_nothing() {
+        let limits = [tb(10, SECOND, 10)];
+        let mut key = KeyState::fresh(&limits);
+        key.check(&limits, SECOND, 3, 0);
+        let before = key.clone();
+        let (_, d) = key.check(&limits, SECOND, 0, 0);
+        assert_eq!(key, before);
+        assert_eq!(d.remaining, 7);
+    }
+}

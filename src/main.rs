@@ -1,0 +1,249 @@
+//! The `gossamer` command: flags, tracing, exit codes. Everything else is in the library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand, ValueEnum};
+use gossamer::client::Client;
+use gossamer::clock::SystemClock;
+use gossamer::config::{Config, Overrides};
+use gossamer::server::Node;
+
+/// Exit code for a denied check.
+const EXIT_DENIED: u8 = 1;
+/// Exit code for bad usage, a bad config, or a failed request.
+const EXIT_ERROR: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(name = "gossamer", version, about = "A cluster-native rate limiter")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a node.
+    Serve(ServeArgs),
+    /// Ask a node whether a key may spend a cost (exit 0 admitted, 1 denied, 2 error).
+    Check(CheckArgs),
+    /// Work with config files.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// The config file (TOML). Without one, built-in example rules are served.
+    #[arg(long, env = "GOSSAMER_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where the HTTP API listens [default: 127.0.0.1:7070].
+    #[arg(long, env = "GOSSAMER_HTTP")]
+    http: Option<SocketAddr>,
+    /// This node's id [default: the host name].
+    #[arg(long, env = "GOSSAMER_NODE_ID")]
+    node_id: Option<String>,
+    /// Gossip listen address (used once nodes form a cluster).
+    #[arg(long, env = "GOSSAMER_GOSSIP")]
+    gossip: Option<SocketAddr>,
+    /// The gossip address other nodes use to reach this one (host:port).
+    #[arg(long, env = "GOSSAMER_ADVERTISE", value_parser = host_port)]
+    advertise: Option<String>,
+    /// Seed nodes, comma-separated host:port.
+    #[arg(long, env = "GOSSAMER_SEEDS", value_delimiter = ',', value_parser = host_port)]
+    seeds: Option<Vec<String>>,
+    /// Nodes of other clusters are ignored.
+    #[arg(long, env = "GOSSAMER_CLUSTER_ID")]
+    cluster_id: Option<String>,
+    /// Log format.
+    #[arg(long, env = "GOSSAMER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckArgs {
+    /// The rule.
+    #[arg(long)]
+    rule: String,
+    /// The key (user, tenant, API key...).
+    #[arg(long)]
+    key: String,
+    /// The cost of this call.
+    #[arg(long, default_value_t = 1)]
+    cost: u64,
+    /// The node to ask.
+    #[arg(long, env = "GOSSAMER_URL", default_value = "http://127.0.0.1:7070")]
+    url: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Validate a config file and print its rules.
+    Check {
+        /// The file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+fn host_port(s: &str) -> Result<String, String> {
+    gossamer::config::host_port(s)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => serve(args),
+        Command::Check(args) => check(args),
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => config_check(&file),
+    }
+}
+
+fn serve(args: ServeArgs) -> ExitCode {
+    init_tracing(args.log_format);
+    let overrides = Overrides {
+        http: args.http,
+        node_id: args.node_id,
+        gossip: args.gossip,
+        advertise: args.advertise,
+        seeds: args.seeds,
+        cluster_id: args.cluster_id,
+    };
+    let config = match Config::load(args.config.as_deref(), &overrides) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("gossamer: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    if args.config.is_none() {
+        tracing::info!("no --config given: serving the built-in example rules");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gossamer: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let result: anyhow::Result<()> = runtime.block_on(async {
+        let http = config.server.http;
+        let node = Node::bind(config, Arc::new(SystemClock))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {http}: {e}"))?;
+        node.run(shutdown_signal()).await?;
+        Ok(())
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("gossamer: {e:#}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        tracing::error!("cannot install signal handlers; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    let name = tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    };
+    tracing::info!(signal = name, "stopping");
+}
+
+fn check(args: CheckArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gossamer: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let body = serde_json::json!({"rule": args.rule, "key": args.key, "cost": args.cost});
+    let reply = runtime.block_on(async {
+        let mut client = Client::connect(&args.url).await?;
+        client.post("/v1/check", &body).await
+    });
+    match reply {
+        Ok(reply) => {
+            println!("{}", String::from_utf8_lossy(&reply.body));
+            match reply.status.as_u16() {
+                200 => ExitCode::SUCCESS,
+                429 => ExitCode::from(EXIT_DENIED),
+                _ => ExitCode::from(EXIT_ERROR),
+            }
+        }
+        Err(e) => {
+            eprintln!("gossamer: {e}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn config_check(file: &std::path::Path) -> ExitCode {
+    match Config::load(Some(file), &Overrides::default()) {
+        Ok(config) => {
+            println!("{}: ok, {} rule(s)", file.display(), config.rules.len());
+            for rule in &config.rules {
+                let limits: Vec<String> = rule
+                    .limits
+                    .iter()
+                    .map(|l| {
+                        format!(
+                            "{} {}/{} burst {}",
+                            l.algorithm(),
+                            l.limit(),
+                            gossamer::config::format_duration(l.period()),
+                            l.burst()
+                        )
+                    })
+                    .collect();
+                println!("  {}: {}", rule.name, limits.join(" + "));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gossamer: {e}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}

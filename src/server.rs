@@ -1,0 +1,133 @@
+//! The node's HTTP server: binds, serves with a bound on connections and a timeout on slow
+//! clients, sweeps idle keys in the background, and drains on shutdown.
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tracing::{debug, info, warn};
+
+use crate::api::{App, router};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::engine::Engine;
+
+/// A bound, not yet serving, node.
+#[derive(Debug)]
+pub struct Node {
+    listener: TcpListener,
+    app: Arc<App>,
+    config: Config,
+}
+
+impl Node {
+    /// Builds the engine from `config` and binds the HTTP listener.
+    pub async fn bind(config: Config, clock: Arc<dyn Clock>) -> io::Result<Node> {
+        let listener = TcpListener::bind(config.server.http).await?;
+        let engine = Engine::new(config.rules.clone(), config.server.max_keys, clock);
+        let app = App::new(
+            engine,
+            config.server.node_id.clone(),
+            config.cluster.gossip,
+            config.server.request_timeout,
+        );
+        Ok(Node {
+            listener,
+            app: Arc::new(app),
+            config,
+        })
+    }
+
+    /// Where the HTTP API listens (useful after binding port 0).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The shared application state (engine, metrics).
+    pub fn app(&self) -> Arc<App> {
+        self.app.clone()
+    }
+
+    /// Serves until `shutdown` completes, then stops accepting, lets in-flight requests
+    /// finish for up to the configured grace period, and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let Node {
+            listener,
+            app,
+            config,
+        } = self;
+        let server = &config.server;
+        info!(http = %listener.local_addr()?, node_id = %server.node_id, rules = config.rules.len(), "serving");
+        let service = TowerToHyperService::new(router(app.clone()));
+        let permits = Arc::new(Semaphore::new(server.max_connections));
+        let graceful = GracefulShutdown::new();
+        let mut builder = http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(server.request_timeout)
+            .keep_alive(true);
+        let sweeper = tokio::spawn(sweep(app.clone(), server.sweep_interval));
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                () = &mut shutdown => break,
+                permit = permits.clone().acquire_owned() => permit.expect("semaphore is never closed"),
+            };
+            let (stream, peer) = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        // Out of file descriptors and the like: back off instead of spinning.
+                        warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            let _ = stream.set_nodelay(true);
+            let connection = builder.serve_connection(TokioIo::new(stream), service.clone());
+            let connection = graceful.watch(connection);
+            tokio::spawn(async move {
+                if let Err(e) = connection.await {
+                    debug!(%peer, error = %e, "connection ended with an error");
+                }
+                drop(permit);
+            });
+        }
+        app.ready.store(false, Ordering::Relaxed);
+        drop(listener);
+        sweeper.abort();
+        info!(grace = ?server.shutdown_grace, "shutting down: draining in-flight requests");
+        match tokio::time::timeout(server.shutdown_grace, graceful.shutdown()).await {
+            Ok(()) => info!("all connections closed"),
+            Err(_) => warn!("grace period over; closing remaining connections"),
+        }
+        Ok(())
+    }
+}
+
+/// Evicts fresh keys every `interval`.
+async fn sweep(app: Arc<App>, interval: Duration) {
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // A sweep of a million keys takes milliseconds: keep it off the async workers.
+        let engine_app = app.clone();
+        match tokio::task::spawn_blocking(move || engine_app.engine.sweep()).await {
+            Ok(evicted) if evicted > 0 => debug!(evicted, "swept fresh keys"),
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "sweep failed"),
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! A concurrent keyed store: sharded, bounded, evicting keys whose state is fresh.
+//!
+//! The store owns concurrency and memory; what a value means is the caller's business (the
+//! engine keeps one [`KeyState`](crate::limiter::KeyState) per key). Each key's update runs
+//! under its shard's lock, so a check-and-update on one key is atomic, and keys in different
+//! shards never contend.
+//!
+//! Bound: the store never holds more than `max_keys` keys in all (one counter may be shared by
+//! several stores). A new key arriving at the bound first evicts the fresh keys of its shard
+//! (at most once per [`FULL_SWEEP_EVERY`]); if the store is still full, the new key is refused
+//! with [`Full`] and nothing is stored. Existing keys are never evicted while they hold state,
+//! because forgetting a key's state would reset its limit.
+
+use std::hash::BuildHasher;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use hashbrown::HashTable;
+
+use crate::limiter::Nanos;
+
+/// Number of shards; a power of two.
+pub const SHARDS: usize = 64;
+/// How often a shard at the bound may be swept on behalf of a new key.
+pub const FULL_SWEEP_EVERY: Nanos = 100_000_000;
+
+/// The store holds `max_keys` keys already and none of them could be evicted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the key store is full")]
+pub struct Full;
+
+/// A sharded map from string keys to `V`.
+#[derive(Debug)]
+pub struct Store<V> {
+    shards: Box<[Shard<V>]>,
+    hasher: foldhash::fast::RandomState,
+    /// Keys held, possibly shared with other stores that draw on the same budget.
+    keys: Arc<AtomicUsize>,
+    max_keys: usize,
+    /// When the store was last swept on behalf of a new key at the bound (0: never).
+    last_full_sweep: AtomicU64,
+}
+
+/// Cache-line aligned so neighbouring shards' locks do not false-share.
+#[derive(Debug)]
+#[repr(align(128))]
+struct Shard<V> {
+    inner: Mutex<ShardInner<V>>,
+}
+
+#[derive(Debug)]
+struct ShardInner<V> {
+    table: HashTable<Entry<V>>,
+}
+
+#[derive(Debug)]
+struct Entry<V> {
+    key: Box<str>,
+    value: V,
+}
+
+impl<V> Store<V> {
+    /// An empty store that counts its keys in `keys` and refuses new keys once `keys` reaches
+    /// `max_keys`.
+    pub fn new(keys: Arc<AtomicUsize>, max_keys: usize) -> Store<V> {
+        Store {
+            shards: (0..SHARDS)
+                .map(|_| Shard {
+                    inner: Mutex::new(ShardInner {
+                        table: HashTable::new(),
+                    }),
+                })
+                .collect(),
+            hasher: foldhash::fast::RandomState::default(),
+            keys,
+            max_keys,
+            last_full_sweep: AtomicU64::new(0),
+        }
+    }
+
+    fn shard(&self, hash: u64) -> MutexGuard<'_, ShardInner<V>> {
+        // The table uses the low bits; pick the shard from the high ones.
+        let index = (hash >> 58) as usize % SHARDS;
+        // A panic while holding the lock cannot leave a value half-updated in a way that
+        // matters more than refusing all further checks would, so ignore poisoning.
+        self.shards[index]
+            .inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Runs `f` on the value for `key`, atomically with respect to other calls for that key.
+    ///
+    /// A key not in the store starts from `fresh()`; it is stored only if `is_fresh` says the
+    /// value is no longer fresh after `f` (a denied check on a new key stores nothing). At the
+    /// bound, a new key gets [`Full`] and `f` does not run.
+    pub fn update<R>(
+        &self,
+        key: &str,
+        now: Nanos,
+        fresh: impl FnOnce() -> V,
+        is_fresh: impl Fn(&V) -> bool,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R, Full> {
+        let hash = self.hasher.hash_one(key);
+        {
+            let mut shard = self.shard(hash);
+            if let Some(entry) = shard.table.find_mut(hash, |e| &*e.key == key) {
+                return Ok(f(&mut entry.value));
+            }
+            if !self.at_bound() {
+                return Ok(self.insert_new(&mut shard, hash, key, fresh, is_fresh, f));
+            }
+        }
+        // At the bound: make room if a sweep is due, then look once more. The shard lock is
+        // released meanwhile because a sweep takes every shard's lock in turn.
+        self.sweep_if_due(now, &is_fresh);
+        let mut shard = self.shard(hash);
+        if let Some(entry) = shard.table.find_mut(hash, |e| &*e.key == key) {
+            return Ok(f(&mut entry.value));
+        }
+        if self.at_bound() {
+            return Err(Full);
+        }
+        Ok(self.insert_new(&mut shard, hash, key, fresh, is_fresh, f))
+    }
+
+    fn at_bound(&self) -> bool {
+        self.keys.load(Ordering::Relaxed) >= self.max_keys
+    }
+
+    fn insert_new<R>(
+        &self,
+        shard: &mut ShardInner<V>,
+        hash: u64,
+        key: &str,
+        fresh: impl FnOnce() -> V,
+        is_fresh: impl Fn(&V) -> bool,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> R {
+        let mut value = fresh();
+        let result = f(&mut value);
+        if !is_fresh(&value) {
+            self.keys.fetch_add(1, Ordering::Relaxed);
+            let hasher = &self.hasher;
+            shard.table.insert_unique(
+                hash,
+                Entry {
+                    key: key.into(),
+                    value,
+                },
+                |e| hasher.hash_one(&*e.key),
+            );
+        }
+        result
+    }
+
+    /// Sweeps the whole store unless another sweep for a full store ran in the last
+    /// [`FULL_SWEEP_EVERY`]: a flood of new keys at the bound costs one sweep per interval,
+    /// not one per key.
+    fn sweep_if_due(&self, now: Nanos, is_fresh: &impl Fn(&V) -> bool) {
+        let last = self.last_full_sweep.load(Ordering::Relaxed);
+        let due = last == 0 || now.saturating_sub(last) >= FULL_SWEEP_EVERY;
+        if due
+            && self
+                .last_full_sweep
+                .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            self.sweep(is_fresh);
+        }
+    }
+
+    /// Runs `f` on the value for `key`, or on `None` if the key is not stored.
+    pub fn read<R>(&self, key: &str, f: impl FnOnce(Option<&V>) -> R) -> R {
+        let hash = self.hasher.hash_one(key);
+        let shard = self.shard(hash);
+        f(shard.table.find(hash, |e| &*e.key == key).map(|e| &e.value))
+    }
+
+    /// Removes every key whose value `is_fresh` says is fresh; returns how many went.
+    /// Locks one shard at a time.
+    pub fn sweep(&self, is_fresh: impl Fn(&V) -> bool) -> usize {
+        let mut evicted = 0;
+        for shard in self.shards.iter() {
+            let mut inner = shard
+                .inner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let before = inner.table.len();
+            inner.table.retain(|e| !is_fresh(&e.value));
+            let len = inner.table.len();
+            evicted += before - len;
+            // Give memory back after a burst of keys has gone.
+            if inner.table.capacity() > 4 * len.max(16) {
+                let hasher = &self.hasher;
+                inner.table.shrink_to(2 * len, |e| hasher.hash_one(&*e.key));
+            }
+        }
+        self.keys.fetch_sub(evicted, Ordering::Relaxed);
+        evicted
+    }
+
+    /// Keys held by this store.
+    pub fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.inner
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .table
+                    .len()
+            })
+            .sum()
+    }
+
+    /// Whether this store holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::thread;
+
+    fn store(max: usize) -> Store<u64> {
+        Store::new(Arc::new(AtomicUsize::new(0)), max)
+    }
+
+    fn add(s: &Store<u64>, key: &str, n: u64) -> Result<u64, Full> {
+        s.update(
+            key,
+            0,
+            || 0,
+            |v| *v == 0,
+            |v| {
+                *v += n;
+                *v
+            },
+        )
+    }
+
+    #[test]
+    fn store_update_is_atomic_per_key() {
+        let s = Arc::new(store(1_000));
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                thread::spawn(move || {
+                    for i in 0..10_000 {
+                        add(&s, &format!("k{}", i % 7), 1).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let total: u64 = (0..7)
+            .map(|i| s.read(&format!("k{i}"), |v| *v.unwrap()))
+            .sum();
+        assert_eq!(total, 40_000);
+        assert_eq!(s.len(), 7);
+    }
+
+    #[test]
+    fn store_does_not_keep_values_that_stay_fresh() {
+        let s = store(10);
+        assert_eq!(add(&s, "a", 0), Ok(0));
+        assert!(s.is_empty());
+        assert_eq!(s.keys.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn store_sweep_evicts_only_fresh_values() {
+        let s = store(10);
+        add(&s, "a", 1).unwrap();
+        add(&s, "b", 2).unwrap();
+        assert_eq!(s.sweep(|v| *v < 2), 1);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.keys.load(Ordering::Relaxed), 1);
+        assert_eq!(s.read("b", |v| v.copied()), Some(2));
+    }
+
+    #[test]
+    fn store_at_bound_refuses_new_keys_but_serves_known_ones() {
+        let s = store(3);
+        for k in ["a", "b", "c"] {
+            add(&s, k, 1).unwrap();
+        }
+        assert_eq!(add(&s, "d", 1), Err(Full));
+        assert_eq!(add(&s, "a", 1), Ok(2));
+        assert_eq!(s.len(), 3);
+    }
+
+    #[test]
+    fn store_at_bound_evicts_fresh_keys_for_a_new_one() {
+        let s = store(2);
+        add(&s, "a", 1).unwrap();
+        add(&s, "b", 3).unwrap();
+        // With values of 2 or less counting as fresh, "a" can give its place to "c".
+        let fresh_below_3 = |v: &u64| *v < 3;
+        let r = s.update(
+            "c",
+            1,
+            || 0,
+            fresh_below_3,
+            |v| {
+                *v += 5;
+                *v
+            },
+        );
+        assert_eq!(r, Ok(5));
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.read("a", |v| v.copied()), None);
+        // The next full sweep is not due for FULL_SWEEP_EVERY: a new key is refused.
+        assert_eq!(
+            s.update("d", 2, || 0, fresh_below_3, |v| *v += 5),
+            Err(Full)
+        );
+    }
+
+    #[test]
+    fn store_budget_is_shared_between_stores() {
+        let keys = Arc::new(AtomicUsize::new(0));
+        let a: Store<u64> = Store::new(keys.clone(), 2);
+        let b: Store<u64> = Store::new(keys.clone(), 2);
+        add(&a, "x", 1).unwrap();
+        add(&b, "x", 1).unwrap();
+        assert_eq!(add(&a, "y", 1), Err(Full));
+        assert_eq!(keys.load(Ordering::Relaxed), 2);
+    }
+}
