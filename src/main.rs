@@ -216,16 +216,23 @@ fn config_check(file: &std::path::Path) -> ExitCode {
                     .limits
                     .iter()
                     .map(|l| {
-                        format!(
-                            "{} {}/{} burst {}",
-                            l.algorithm(),
-                            l.limit(),
-                            gossamer::config::format_duration(l.period()),
-                            l.burst()
-                        )
+                        let period = gossamer::config::format_duration(l.period());
+                        let mut text = format!("{} {}/{period}", l.algorithm(), l.limit());
+                        if l.algorithm().has_burst() {
+                            text.push_str(&format!(" burst {}", l.burst()));
+                        }
+                        text
                     })
                     .collect();
-                println!("  {}: {}", rule.name, limits.join(" + "));
+                let scope = match rule.scope {
+                    gossamer::config::Scope::Global => "global",
+                    gossamer::config::Scope::Local => "local",
+                };
+                let wait = match rule.max_wait {
+                    0 => String::new(),
+                    w => format!(", max_wait {}", gossamer::config::format_duration(w)),
+                };
+                println!("  {} ({scope}{wait}): {}", rule.name, limits.join(" + "));
             }
             ExitCode::SUCCESS
         }
