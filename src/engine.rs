@@ -102,7 +102,6 @@ pub struct Engine {
     rules: HashMap<Box<str>, RuleState, foldhash::fast::RandomState>,
     /// Rule names in config order, for stable metrics output.
     order: Vec<Box<str>>,
-    evictions: AtomicU64,
 }
 
 impl Engine {
@@ -125,7 +124,6 @@ impl Engine {
             clock,
             rules,
             order,
-            evictions: AtomicU64::new(0),
         }
     }
 
@@ -223,21 +221,18 @@ impl Engine {
     /// Evicts every key whose state equals a fresh key's; returns how many went.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
-        let evicted = self
-            .rules
+        self.rules
             .values()
             .map(|r| {
                 let limits = &r.rule.limits[..];
                 r.store.sweep(|s| s.is_fresh(limits, now))
             })
-            .sum();
-        self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
-        evicted
+            .sum()
     }
 
-    /// Keys evicted so far.
+    /// Keys evicted so far, across rules.
     pub fn evictions(&self) -> u64 {
-        self.evictions.load(Ordering::Relaxed)
+        self.rules.values().map(|r| r.store.evictions()).sum()
     }
 }
 

@@ -39,6 +39,8 @@ pub struct Store<V> {
     max_keys: usize,
     /// When the store was last swept on behalf of a new key at the bound (0: never).
     last_full_sweep: AtomicU64,
+    /// Keys removed because their value was fresh, by any sweep.
+    evictions: AtomicU64,
 }
 
 /// Cache-line aligned so neighbouring shards' locks do not false-share.
@@ -75,6 +77,7 @@ impl<V> Store<V> {
             keys,
             max_keys,
             last_full_sweep: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
         }
     }
 
@@ -198,7 +201,13 @@ impl<V> Store<V> {
             }
         }
         self.keys.fetch_sub(evicted, Ordering::Relaxed);
+        self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
         evicted
+    }
+
+    /// Keys evicted so far, by background sweeps and by sweeps made for a new key at the bound.
+    pub fn evictions(&self) -> u64 {
+        self.evictions.load(Ordering::Relaxed)
     }
 
     /// Keys held by this store.
@@ -315,6 +324,7 @@ mod tests {
         );
         assert_eq!(r, Ok(5));
         assert_eq!(s.len(), 2);
+        assert_eq!(s.evictions(), 1);
         assert_eq!(s.read("a", |v| v.copied()), None);
         // The next full sweep is not due for FULL_SWEEP_EVERY: a new key is refused.
         assert_eq!(

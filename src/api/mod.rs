@@ -28,6 +28,9 @@ use crate::metrics::HttpMetrics;
 
 pub use error::{ApiError, ErrorCode};
 
+/// What a check body looks like, for error messages.
+const EXAMPLE_BODY: &str = r#"{"rule":"api","key":"user-42","cost":1}"#;
+
 /// The largest request body accepted.
 pub const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The longest key accepted.
@@ -117,7 +120,11 @@ pub fn router(app: Arc<App>) -> Router {
     Router::new()
         .route(
             "/v1/check",
-            get(check_get).post(check_post).fallback(only("GET, POST")),
+            // HEAD would run the GET handler and charge the key: refuse it.
+            get(check_get)
+                .post(check_post)
+                .head(only("GET, POST"))
+                .fallback(only("GET, POST")),
         )
         .route("/v1/status", get(status).fallback(only("GET")))
         .route("/v1/cluster", get(cluster).fallback(only("GET")))
@@ -166,6 +173,12 @@ async fn check_post(State(app): State<Arc<App>>, request: Request) -> Response {
         Ok(body) => body,
         Err(e) => return app.refuse(e),
     };
+    // serde would also read a JSON array as the struct's fields in order; only objects count.
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return app.refuse(ApiError::MalformedJson(format!(
+            "the body must be a JSON object such as {EXAMPLE_BODY}"
+        )));
+    }
     let parsed: CheckBody<'_> = match serde_json::from_slice(&body) {
         Ok(parsed) => parsed,
         Err(e) => return app.refuse(json_error(e)),
@@ -304,7 +317,7 @@ fn json_error(e: serde_json::Error) -> ApiError {
         return ApiError::UnknownField(field.to_owned());
     }
     ApiError::MalformedJson(format!(
-        "the body must be a JSON object such as {{\"rule\":\"api\",\"key\":\"user-42\",\"cost\":1}}: {message}"
+        "the body must be a JSON object such as {EXAMPLE_BODY}: {message}"
     ))
 }
 
@@ -372,7 +385,8 @@ fn decision_response(
     if let Some(policies) = app.policies.get(rule.as_str()) {
         rate_limit_headers(headers, policies, checked.limit_index, d);
     }
-    if let Verdict::Deny { retry_after } = d.verdict {
+    // Retry-After belongs to a 429; a status query carries the figure in its body only.
+    if let (Verdict::Deny { retry_after }, StatusCode::TOO_MANY_REQUESTS) = (d.verdict, status) {
         headers.insert(
             header::RETRY_AFTER,
             HeaderValue::from(ceil_secs(retry_after)),

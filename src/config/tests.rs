@@ -221,12 +221,18 @@ fn overrides_win_over_the_file() {
 fn documented_example_configs_are_valid() {
     for (name, text) in [
         ("tiers.toml", include_str!("../../docs/examples/tiers.toml")),
-        ("hybrid.toml", include_str!("../../docs/examples/hybrid.toml")),
+        (
+            "hybrid.toml",
+            include_str!("../../docs/examples/hybrid.toml"),
+        ),
     ] {
         let config = parse(text).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert!(!config.rules.is_empty());
     }
     let tiers = parse(include_str!("../../docs/examples/tiers.toml")).unwrap();
-    let per_minute: Vec<_> = tiers.rules[..3].iter().map(|r| (r.limits[0].limit(), r.limits[0].burst())).collect();
+    let per_minute: Vec<_> = tiers.rules[..3]
+        .iter()
+        .map(|r| (r.limits[0].limit(), r.limits[0].burst()))
+        .collect();
     assert_eq!(per_minute, [(60, 60), (600, 600), (6000, 6000)]);
 }

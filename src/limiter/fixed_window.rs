@@ -30,7 +30,8 @@ pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
     let count = count(state, limit, now);
     let window_end = (now / limit.period() + 1) * limit.period();
     let until_next = window_end - now;
-    let used_after = count + cost;
+    // Saturating: a hostile cost near u64::MAX must come out as `Never`, not overflow.
+    let used_after = count.saturating_add(cost);
     let verdict = if cost > limit.limit() {
         Verdict::Never
     } else if used_after <= limit.limit() {

@@ -544,6 +544,22 @@ mod tests {
     }
 
     #[test]
+    fn huge_cost_on_a_used_key_is_never_for_every_algorithm() {
+        for algorithm in Algorithm::ALL {
+            let limits = [Limit::new(algorithm, 10, SECOND, None).unwrap()];
+            let mut key = KeyState::fresh(&limits);
+            let now = 1_000 * SECOND;
+            assert!(key.check(&limits, now, 3, 0).1.allowed());
+            let before = key.clone();
+            for cost in [11, u64::MAX / 2, u64::MAX] {
+                let (_, d) = key.check(&limits, now + 1, cost, u64::MAX);
+                assert_eq!(d.verdict, Verdict::Never, "{algorithm} cost {cost}");
+            }
+            assert_eq!(key, before, "{algorithm}");
+        }
+    }
+
+    #[test]
     fn zero_cost_check_charges_nothing() {
         let limits = [tb(10, SECOND, 10)];
         let mut key = KeyState::fresh(&limits);

@@ -1,0 +1,476 @@
+//! Black-box tests of the `gossamer` binary: flags, `config check`, `serve` and `check`, exit
+//! codes, and shutdown on SIGTERM. Every child process is bounded in time and killed by a
+//! guard if a test fails, so no test leaves a process behind.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
+
+/// Variables the binary reads; cleared so the test runner's environment cannot leak in.
+const GOSSAMER_ENV: [&str; 10] = [
+    "GOSSAMER_CONFIG",
+    "GOSSAMER_HTTP",
+    "GOSSAMER_NODE_ID",
+    "GOSSAMER_GOSSIP",
+    "GOSSAMER_ADVERTISE",
+    "GOSSAMER_SEEDS",
+    "GOSSAMER_CLUSTER_ID",
+    "GOSSAMER_LOG_FORMAT",
+    "GOSSAMER_URL",
+    "RUST_LOG",
+];
+
+fn gossamer() -> Command {
+    let mut command = Command::new(BIN);
+    for var in GOSSAMER_ENV {
+        command.env_remove(var);
+    }
+    command
+}
+
+/// Runs `command` to completion, killing it (and failing) if it takes longer than `limit`.
+fn run_bounded(mut command: Command, limit: Duration) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the binary starts");
+    let mut stdout = child.stdout.take().expect("stdout is piped");
+    let mut stderr = child.stderr.take().expect("stderr is piped");
+    let out = thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stdout.read_to_end(&mut buf);
+        buf
+    });
+    let err = thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = stderr.read_to_end(&mut buf);
+        buf
+    });
+    let status = wait_bounded(&mut child, limit).unwrap_or_else(|| {
+        let _ = child.kill();
+        let _ = child.wait();
+        panic!("{command:?} did not finish within {limit:?}");
+    });
+    Output {
+        status,
+        stdout: out.join().expect("stdout reader"),
+        stderr: err.join().expect("stderr reader"),
+    }
+}
+
+/// Polls `child` until it exits or `limit` passes.
+fn wait_bounded(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn run(args: &[&str]) -> Output {
+    let mut command = gossamer();
+    command.args(args);
+    run_bounded(command, Duration::from_secs(10))
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A file under the temp dir with a unique name, removed on drop.
+struct TempFile(PathBuf);
+
+impl TempFile {
+    fn new(contents: &str) -> TempFile {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("gossamer-cli-test-{}-{n}.toml", std::process::id()));
+        std::fs::write(&path, contents).expect("temp file is written");
+        TempFile(path)
+    }
+
+    fn path(&self) -> &Path {
+        &self.0
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().expect("temp path is UTF-8")
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+const GOOD_CONFIG: &str = r#"
+[[rule]]
+name = "login"
+algorithm = "fixed_window"
+limit = 5
+period = "1m"
+
+[[rule]]
+name = "api"
+[[rule.limits]]
+algorithm = "token_bucket"
+limit = 10
+period = "1s"
+burst = 20
+[[rule.limits]]
+algorithm = "sliding_window_log"
+limit = 300
+period = "1m"
+"#;
+
+const BAD_LIMIT: &str = r#"
+[[rule]]
+name = "login"
+algorithm = "fixed_window"
+limit = 5
+period = "1m"
+
+[[rule]]
+name = "api"
+algorithm = "token_bucket"
+limit = 0
+period = "1s"
+"#;
+
+/// A port nothing listens on (bound to port 0, read, released).
+fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A minimal HTTP/1.1 GET; the status code and body, or `None` if nothing answers.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let status = response.split(' ').nth(1)?.parse().ok()?;
+    let body = response.split_once("\r\n\r\n")?.1.to_owned();
+    Some((status, body))
+}
+
+/// A running `gossamer serve`, killed on drop unless it already exited.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(mut command: Command, port: u16) -> Server {
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("serve starts");
+        let mut server = Server { child, port };
+        server.wait_healthy();
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    fn wait_healthy(&mut self) {
+        for _ in 0..100 {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                panic!("serve exited early with {status}");
+            }
+            if let Some((200, _)) = http_get(self.port, "/healthz") {
+                return;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        panic!("serve never answered /healthz on port {}", self.port);
+    }
+
+    /// Sends SIGTERM and waits (bounded) for the exit status.
+    fn terminate(&mut self) -> ExitStatus {
+        // The shell's built-in kill: /bin/kill (procps) is not on every minimal image.
+        let status = Command::new("sh")
+            .args(["-c", "kill -TERM \"$0\"", &self.child.id().to_string()])
+            .status()
+            .expect("sh runs");
+        assert!(status.success(), "kill -TERM failed");
+        wait_bounded(&mut self.child, Duration::from_secs(15))
+            .expect("serve exits within 15 s of SIGTERM")
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn check(url: &str, rule: &str, key: &str, cost: u64) -> Output {
+    run(&[
+        "check",
+        "--rule",
+        rule,
+        "--key",
+        key,
+        "--cost",
+        &cost.to_string(),
+        "--url",
+        url,
+    ])
+}
+
+fn json(bytes: &[u8]) -> serde_json::Value {
+    serde_json::from_slice(bytes)
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {}", text(bytes)))
+}
+
+#[test]
+fn version_flag_prints_the_version_and_exits_0() {
+    let out = run(&["--version"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(
+        text(&out.stdout).trim(),
+        format!("gossamer {}", env!("CARGO_PKG_VERSION"))
+    );
+}
+
+#[test]
+fn help_flag_lists_the_subcommands_and_exits_0() {
+    let out = run(&["--help"]);
+    assert_eq!(out.status.code(), Some(0));
+    let help = text(&out.stdout);
+    for word in ["serve", "check", "config", "Usage"] {
+        assert!(help.contains(word), "{word} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn unknown_subcommand_exits_2() {
+    let out = run(&["frobnicate"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("frobnicate"));
+}
+
+#[test]
+fn config_check_accepts_a_valid_file_and_lists_its_rules() {
+    let file = TempFile::new(GOOD_CONFIG);
+    let out = run(&["config", "check", file.arg()]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 3, "{stdout}");
+    assert_eq!(
+        lines[0],
+        format!("{}: ok, 2 rule(s)", file.path().display())
+    );
+    // One line per rule, in file order, with each of its limits.
+    assert!(lines[1].starts_with("  login"), "{stdout}");
+    assert!(lines[1].contains("fixed_window 5/1m"), "{stdout}");
+    assert!(lines[2].starts_with("  api"), "{stdout}");
+    assert!(lines[2].contains("token_bucket 10/1s burst 20"), "{stdout}");
+    assert!(lines[2].contains("sliding_window_log 300/1m"), "{stdout}");
+}
+
+#[test]
+fn config_check_rejects_a_bad_file_naming_the_file_rule_and_field() {
+    let cases = [
+        (BAD_LIMIT, "rule \"api\", field \"limit\""),
+        (
+            r#"
+            [[rule]]
+            name = "api"
+            [[rule.limits]]
+            algorithm = "token_bucket"
+            limit = 10
+            period = "1s"
+            [[rule.limits]]
+            algorithm = "sliding_window_log"
+            limit = 300
+            period = "soon"
+            "#,
+            "rule \"api\", field \"limits[1].period\"",
+        ),
+        (
+            r#"
+            [[rule]]
+            name = "burst"
+            algorithm = "fixed_window"
+            limit = 10
+            burst = 20
+            period = "1s"
+            "#,
+            "rule \"burst\", field \"burst\"",
+        ),
+        (
+            r#"
+            [server]
+            http = "nowhere"
+            [[rule]]
+            name = "a"
+            algorithm = "token_bucket"
+            limit = 1
+            period = "1s"
+            "#,
+            "[server], field \"http\"",
+        ),
+    ];
+    for (contents, place) in cases {
+        let file = TempFile::new(contents);
+        let out = run(&["config", "check", file.arg()]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{place}: {stderr}");
+        assert!(stderr.contains(file.arg()), "file not named: {stderr}");
+        assert!(stderr.contains(place), "{place} not named: {stderr}");
+        assert!(out.stdout.is_empty(), "stdout: {}", text(&out.stdout));
+    }
+}
+
+#[test]
+fn config_check_rejects_invalid_toml_naming_the_file() {
+    let file = TempFile::new("[[rule]\nname = ");
+    let out = run(&["config", "check", file.arg()]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(file.arg()), "{stderr}");
+    assert!(stderr.contains("not valid TOML"), "{stderr}");
+}
+
+#[test]
+fn config_check_of_a_missing_file_exits_2() {
+    let path = std::env::temp_dir().join(format!(
+        "gossamer-cli-test-{}-does-not-exist.toml",
+        std::process::id()
+    ));
+    let path = path.to_str().expect("UTF-8 path");
+    let out = run(&["config", "check", path]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(path), "{stderr}");
+    assert!(stderr.contains("cannot read"), "{stderr}");
+}
+
+#[test]
+fn serve_with_a_bad_config_exits_2_naming_the_file_rule_and_field() {
+    let file = TempFile::new(BAD_LIMIT);
+    let port = free_port().to_string();
+    let out = run(&[
+        "serve",
+        "--config",
+        file.arg(),
+        "--http",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(file.arg()), "{stderr}");
+    assert!(stderr.contains("rule \"api\", field \"limit\""), "{stderr}");
+}
+
+#[test]
+fn serve_answers_checks_with_exit_codes_and_exits_0_on_sigterm() {
+    let port = free_port();
+    let mut command = gossamer();
+    command.args(["serve", "--http", &format!("127.0.0.1:{port}")]);
+    let mut server = Server::start(command, port);
+    let url = server.url();
+
+    let out = check(&url, "default", "k", 1);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    let v = json(&out.stdout);
+    assert_eq!(v["allowed"], true);
+    assert_eq!(v["rule"], "default");
+    assert_eq!(v["key"], "k");
+    assert_eq!(v["outcome"], "allowed");
+    assert_eq!(v["limit"], 100);
+
+    // The built-in default rule has a burst of 100: a cost of 1000 can never pass.
+    let out = check(&url, "default", "k", 1000);
+    assert_eq!(out.status.code(), Some(1), "stderr: {}", text(&out.stderr));
+    let v = json(&out.stdout);
+    assert_eq!(v["allowed"], false);
+    assert_eq!(v["outcome"], "never");
+
+    let out = check(&url, "nope", "k", 1);
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json(&out.stdout)["error"], "unknown_rule");
+
+    // Still serving after all that.
+    assert_eq!(http_get(port, "/readyz").map(|r| r.0), Some(200));
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "serve exited with {status}");
+    assert_eq!(
+        http_get(port, "/healthz"),
+        None,
+        "still listening after exit"
+    );
+}
+
+#[test]
+fn check_against_a_closed_port_exits_2() {
+    let url = format!("http://127.0.0.1:{}", free_port());
+    let out = check(&url, "default", "k", 1);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn check_with_a_url_that_is_not_http_exits_2() {
+    let out = check("ftp://127.0.0.1:1", "default", "k", 1);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("invalid URL"), "{stderr}");
+}
+
+#[test]
+fn serve_listens_where_gossamer_http_says_and_check_reads_gossamer_url() {
+    let port = free_port();
+    let mut command = gossamer();
+    command
+        .arg("serve")
+        .env("GOSSAMER_HTTP", format!("127.0.0.1:{port}"))
+        .env("GOSSAMER_NODE_ID", "env-node");
+    let mut server = Server::start(command, port);
+    let (status, body) = http_get(port, "/v1/cluster").expect("the node answers");
+    assert_eq!(status, 200);
+    assert_eq!(json(body.as_bytes())["node_id"], "env-node");
+
+    let mut command = gossamer();
+    command
+        .args(["check", "--rule", "login", "--key", "env"])
+        .env("GOSSAMER_URL", server.url());
+    let out = run_bounded(command, Duration::from_secs(10));
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+    assert_eq!(json(&out.stdout)["rule"], "login");
+
+    let status = server.terminate();
+    assert_eq!(status.code(), Some(0), "serve exited with {status}");
+}
