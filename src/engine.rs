@@ -11,11 +11,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 use crate::clock::Clock;
 use crate::config::Rule;
 use crate::limiter::{Decision, KeyState, Nanos, SECOND, Verdict};
+use crate::metrics::Striped;
 use crate::store::{Full, Store};
 
 /// What a key at the store's bound is told: try again after this long (fresh keys are swept
@@ -62,13 +63,13 @@ pub struct RuleState {
     pub rule: Rule,
     store: Store<KeyState>,
     /// Checks by [`Outcome`], indexed as [`Outcome::ALL`].
-    outcomes: [AtomicU64; 4],
+    outcomes: Striped<4>,
 }
 
 impl RuleState {
     /// Checks counted with `outcome` so far.
     pub fn outcome_count(&self, outcome: Outcome) -> u64 {
-        self.outcomes[outcome as usize].load(Ordering::Relaxed)
+        self.outcomes.get(outcome as usize)
     }
 
     /// Keys this rule tracks now.
@@ -186,7 +187,7 @@ impl Engine {
                 (0, d, Outcome::StoreFull)
             }
         };
-        state.outcomes[outcome as usize].fetch_add(1, Ordering::Relaxed);
+        state.outcomes.add(outcome as usize, 1);
         Ok(Checked {
             rule: state,
             limit_index,

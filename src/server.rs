@@ -11,12 +11,11 @@ use std::time::Duration;
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tracing::{debug, info, warn};
 
-use crate::api::{App, router};
+use crate::api::{App, Service};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::engine::Engine;
@@ -67,7 +66,7 @@ impl Node {
         } = self;
         let server = &config.server;
         info!(http = %listener.local_addr()?, node_id = %server.node_id, rules = config.rules.len(), "serving");
-        let service = TowerToHyperService::new(router(app.clone()));
+        let service = Service::new(app.clone());
         let permits = Arc::new(Semaphore::new(server.max_connections));
         let graceful = GracefulShutdown::new();
         let mut builder = http1::Builder::new();

@@ -21,6 +21,8 @@ use crate::limiter::Nanos;
 
 /// Number of shards; a power of two.
 pub const SHARDS: usize = 64;
+/// A shard's table is not shrunk below this many slots.
+const SHRINK_FLOOR: usize = 256;
 /// How often a shard at the bound may be swept on behalf of a new key.
 pub const FULL_SWEEP_EVERY: Nanos = 100_000_000;
 
@@ -194,10 +196,12 @@ impl<V> Store<V> {
             inner.table.retain(|e| !is_fresh(&e.value));
             let len = inner.table.len();
             evicted += before - len;
-            // Give memory back after a burst of keys has gone.
-            if inner.table.capacity() > 4 * len.max(16) {
+            // Give memory back after a burst of keys has gone, but keep a floor: keys that
+            // come and go every sweep would otherwise shrink and regrow the table each time.
+            let target = (2 * len).max(SHRINK_FLOOR);
+            if inner.table.capacity() > 2 * target {
                 let hasher = &self.hasher;
-                inner.table.shrink_to(2 * len, |e| hasher.hash_one(&*e.key));
+                inner.table.shrink_to(target, |e| hasher.hash_one(&*e.key));
             }
         }
         self.keys.fetch_sub(evicted, Ordering::Relaxed);
