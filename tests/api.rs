@@ -2040,3 +2040,28 @@ async fn graceful_shutdown_lets_held_shaping_request_finish_then_run_returns() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_body_in_several_pieces_is_joined_and_checked() {
+    within(async {
+        let node = TestNode::start(RULES).await;
+        let mut stream = TcpStream::connect(node.addr).await.expect("connect");
+        let body = br#"{"rule":"tb","key":"chunky","cost":3}"#;
+        let mut request = b"POST /v1/check HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\
+              Connection: close\r\n\r\n"
+            .to_vec();
+        for piece in body.chunks(7) {
+            request.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+            request.extend_from_slice(piece);
+            request.extend_from_slice(b"\r\n");
+        }
+        request.extend_from_slice(b"0\r\n\r\n");
+        stream.write_all(&request).await.expect("write");
+        let got = read_until_closed(&mut stream).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+        assert!(text.contains(r#""key":"chunky""#), "{text}");
+        assert!(text.contains(r#""remaining":17"#), "{text}");
+    })
+    .await;
+}

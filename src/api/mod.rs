@@ -65,8 +65,12 @@ pub struct App {
 
 #[derive(Debug)]
 struct Policies {
+    /// `RateLimit-Policy`, listing every limit.
     header: HeaderValue,
+    /// Each limit's policy name, quoted.
     names: Vec<String>,
+    /// Each limit's `RateLimit-Limit` value.
+    limits: Vec<HeaderValue>,
 }
 
 impl App {
@@ -95,7 +99,19 @@ impl App {
                     .collect::<Vec<_>>()
                     .join(", ");
                 let header = HeaderValue::from_str(&header).expect("rule names are header-safe");
-                (rule.name.clone(), Policies { header, names })
+                let limits = rule
+                    .limits
+                    .iter()
+                    .map(|l| HeaderValue::from(l.limit()))
+                    .collect();
+                (
+                    rule.name.clone(),
+                    Policies {
+                        header,
+                        names,
+                        limits,
+                    },
+                )
             })
             .collect();
         App {
@@ -377,15 +393,42 @@ where
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(ApiError::BodyTooLarge);
     }
-    let collect = Limited::new(body, MAX_BODY_BYTES).collect();
-    match tokio::time::timeout(app.request_timeout, collect).await {
+    match tokio::time::timeout(app.request_timeout, collect(body)).await {
         Err(_) => Err(ApiError::Timeout),
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(ApiError::BodyTooLarge),
         Ok(Err(e)) => Err(ApiError::MalformedJson(format!(
             "could not read the body: {e}"
         ))),
     }
+}
+
+/// The body's bytes, at most [`MAX_BODY_BYTES`]. A body that arrives in one chunk (the usual
+/// case) is returned as it is, without copying.
+async fn collect<B>(body: B) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    let mut body = std::pin::pin!(Limited::new(body, MAX_BODY_BYTES));
+    let mut first = Bytes::new();
+    let mut joined: Option<Vec<u8>> = None;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame?.into_data() else {
+            continue; // trailers
+        };
+        match &mut joined {
+            Some(all) => all.extend_from_slice(&data),
+            None if first.is_empty() => first = data,
+            None => {
+                let mut all = Vec::with_capacity(first.len() + data.len());
+                all.extend_from_slice(&first);
+                all.extend_from_slice(&data);
+                joined = Some(all);
+            }
+        }
+    }
+    Ok(joined.map_or(first, Bytes::from))
 }
 
 fn json_error(e: serde_json::Error) -> ApiError {
@@ -490,7 +533,7 @@ fn rate_limit_headers(headers: &mut HeaderMap, policies: &Policies, index: usize
     if let Ok(v) = HeaderValue::try_from(format!("{name};r={};t={reset}", d.remaining)) {
         headers.insert(RATELIMIT.clone(), v);
     }
-    headers.insert(RATELIMIT_LIMIT.clone(), HeaderValue::from(d.limit));
+    headers.insert(RATELIMIT_LIMIT.clone(), policies.limits[index].clone());
     headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(d.remaining));
     headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset));
 }
