@@ -4,6 +4,7 @@
 //! [`ApiError`] as `{"error","message"}` with a 4xx status. Validation happens before the
 //! engine is called, so a bad request never changes a counter.
 
+mod body;
 mod error;
 
 use std::borrow::Cow;
@@ -16,6 +17,7 @@ use std::time::{Duration, Instant};
 use std::convert::Infallible;
 use std::future::Future;
 use std::pin::Pin;
+use std::task::Poll;
 
 use axum::Router;
 use axum::body::Body;
@@ -27,12 +29,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
 use hyper::Method;
 use hyper::body::Incoming;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use tower::ServiceExt;
 
 use crate::engine::{Checked, Engine, Outcome};
 use crate::limiter::{Decision, MILLISECOND, Nanos, SECOND, Verdict};
 use crate::metrics::HttpMetrics;
+use body::DecisionBody;
 
 pub use error::{ApiError, ErrorCode};
 
@@ -393,7 +396,14 @@ where
     if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
         return Err(ApiError::BodyTooLarge);
     }
-    match tokio::time::timeout(app.request_timeout, collect(body)).await {
+    // The whole body has usually arrived with the headers: try once before arming a timer.
+    let mut collecting = std::pin::pin!(collect(body));
+    let ready = std::future::poll_fn(|cx| Poll::Ready(collecting.as_mut().poll(cx))).await;
+    let collected = match ready {
+        Poll::Ready(result) => Ok(result),
+        Poll::Pending => tokio::time::timeout(app.request_timeout, collecting).await,
+    };
+    match collected {
         Err(_) => Err(ApiError::Timeout),
         Ok(Ok(bytes)) => Ok(bytes),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(ApiError::BodyTooLarge),
@@ -459,22 +469,6 @@ fn parse_query(query: Option<&str>) -> Result<CheckQuery, ApiError> {
     })
 }
 
-/// The JSON body of a check or status answer.
-#[derive(Debug, Serialize)]
-struct DecisionBody<'a> {
-    allowed: bool,
-    rule: &'a str,
-    key: &'a str,
-    limit: u64,
-    remaining: u64,
-    reset_after_ms: u64,
-    /// `null` when the cost can never be admitted.
-    retry_after_ms: Option<u64>,
-    outcome: &'static str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    waited_ms: Option<u64>,
-}
-
 fn decision_response(
     app: &App,
     status: StatusCode,
@@ -496,7 +490,7 @@ fn decision_response(
         waited_ms: (wait > 0).then(|| ceil_millis(wait)),
     };
     let mut json = Vec::with_capacity(192 + key.len());
-    let _ = serde_json::to_writer(&mut json, &body);
+    body.encode(&mut json);
     let mut response = Response::new(Full::new(Bytes::from(json)));
     *response.status_mut() = status;
     *response.headers_mut() = HeaderMap::with_capacity(8);
@@ -510,10 +504,7 @@ fn decision_response(
     }
     // Retry-After belongs to a 429; a status query carries the figure in its body only.
     if let (Verdict::Deny { retry_after }, StatusCode::TOO_MANY_REQUESTS) = (d.verdict, status) {
-        headers.insert(
-            header::RETRY_AFTER,
-            HeaderValue::from(ceil_secs(retry_after)),
-        );
+        headers.insert(header::RETRY_AFTER, number_header(ceil_secs(retry_after)));
     }
     response
 }
@@ -530,12 +521,41 @@ fn rate_limit_headers(headers: &mut HeaderMap, policies: &Policies, index: usize
     let reset = ceil_secs(d.reset_after);
     headers.insert(RATELIMIT_POLICY.clone(), policies.header.clone());
     let name = &policies.names[index];
-    if let Ok(v) = HeaderValue::try_from(format!("{name};r={};t={reset}", d.remaining)) {
+    // `"name";r=N;t=N`, built without the formatting machinery (this runs on every check).
+    let mut value = Vec::with_capacity(name.len() + 48);
+    value.extend_from_slice(name.as_bytes());
+    value.extend_from_slice(b";r=");
+    value.extend_from_slice(itoa::Buffer::new().format(d.remaining).as_bytes());
+    value.extend_from_slice(b";t=");
+    value.extend_from_slice(itoa::Buffer::new().format(reset).as_bytes());
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(value)) {
         headers.insert(RATELIMIT.clone(), v);
     }
     headers.insert(RATELIMIT_LIMIT.clone(), policies.limits[index].clone());
-    headers.insert(RATELIMIT_REMAINING.clone(), HeaderValue::from(d.remaining));
-    headers.insert(RATELIMIT_RESET.clone(), HeaderValue::from(reset));
+    headers.insert(RATELIMIT_REMAINING.clone(), number_header(d.remaining));
+    headers.insert(RATELIMIT_RESET.clone(), number_header(reset));
+}
+
+/// Numbers below this are served from a table of static header values.
+const SMALL_NUMBERS: usize = 1024;
+
+/// A header value holding `n`. Small numbers (most remaining counts and resets) come from a
+/// table built once, so they cost neither an allocation nor a shared reference count;
+/// `HeaderValue::from(u64)` allocated and formatted on every call.
+fn number_header(n: u64) -> HeaderValue {
+    static TABLE: std::sync::OnceLock<Vec<HeaderValue>> = std::sync::OnceLock::new();
+    let table = TABLE.get_or_init(|| {
+        (0..SMALL_NUMBERS)
+            .map(|i| {
+                let text: &'static str = Box::leak(i.to_string().into_boxed_str());
+                HeaderValue::from_static(text)
+            })
+            .collect()
+    });
+    match usize::try_from(n) {
+        Ok(i) if i < SMALL_NUMBERS => table[i].clone(),
+        _ => HeaderValue::from(n),
+    }
 }
 
 async fn cluster(State(app): State<Arc<App>>) -> Response {
@@ -584,4 +604,16 @@ fn ceil_millis(n: Nanos) -> u64 {
 
 fn ceil_secs(n: Nanos) -> u64 {
     n.div_ceil(SECOND)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn number_headers_match_their_value_inside_and_outside_the_table() {
+        for n in [0, 1, 42, 1023, 1024, 99_999, u64::MAX] {
+            assert_eq!(number_header(n).to_str().unwrap(), n.to_string());
+        }
+    }
 }
