@@ -293,12 +293,14 @@ mod tests {
     }
 
     #[test]
-    fn engine_sweep_evicts_keys_once_fresh() {
+    fn engine_sweep_evicts_keys_once_fresh_and_idle() {
         let (clock, e) = engine(vec![rule("r", Algorithm::TokenBucket, 10, None)], 10);
         e.check("r", "a", 10, 0).unwrap();
         e.check("r", "b", 1, 0).unwrap();
         clock.advance(100 * MILLISECOND);
-        assert_eq!(e.sweep(), 1); // b refilled, a did not
+        // Both were used since the last sweep: kept, and marked idle.
+        assert_eq!(e.sweep(), 0);
+        assert_eq!(e.sweep(), 1); // b refilled and idle, a not refilled
         clock.advance(900 * MILLISECOND);
         assert_eq!(e.sweep(), 1);
         assert_eq!(e.evictions(), 2);

@@ -5,6 +5,10 @@
 //! under its shard's lock, so a check-and-update on one key is atomic, and keys in different
 //! shards never contend.
 //!
+//! Eviction: a sweep removes keys whose value is fresh (equal to a new key's, so forgetting
+//! them changes no decision) and that were not updated since the previous sweep, so a busy
+//! key is not dropped and re-created every sweep.
+//!
 //! Bound: the store never holds more than `max_keys` keys in all (one counter may be shared by
 //! several stores). A new key arriving at the bound first evicts the fresh keys of its shard
 //! (at most once per [`FULL_SWEEP_EVERY`]); if the store is still full, the new key is refused
@@ -61,6 +65,9 @@ struct ShardInner<V> {
 struct Entry<V> {
     key: Box<str>,
     value: V,
+    /// Set by every update, cleared by every sweep: a key used since the last sweep is kept
+    /// even if its value is fresh, so a busy key is not evicted and re-created each sweep.
+    touched: bool,
 }
 
 impl<V> Store<V> {
@@ -111,6 +118,7 @@ impl<V> Store<V> {
         {
             let mut shard = self.shard(hash);
             if let Some(entry) = shard.table.find_mut(hash, |e| &*e.key == key) {
+                entry.touched = true;
                 return Ok(f(&mut entry.value));
             }
             if !self.at_bound() {
@@ -122,6 +130,7 @@ impl<V> Store<V> {
         self.sweep_if_due(now, &is_fresh);
         let mut shard = self.shard(hash);
         if let Some(entry) = shard.table.find_mut(hash, |e| &*e.key == key) {
+            entry.touched = true;
             return Ok(f(&mut entry.value));
         }
         if self.at_bound() {
@@ -153,6 +162,7 @@ impl<V> Store<V> {
                 Entry {
                     key: key.into(),
                     value,
+                    touched: true,
                 },
                 |e| hasher.hash_one(&*e.key),
             );
@@ -172,7 +182,8 @@ impl<V> Store<V> {
                 .compare_exchange(last, now.max(1), Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            self.sweep(is_fresh);
+            // Under pressure, any fresh key may go: forgetting it changes no decision.
+            self.sweep_where(is_fresh, false);
         }
     }
 
@@ -183,9 +194,14 @@ impl<V> Store<V> {
         f(shard.table.find(hash, |e| &*e.key == key).map(|e| &e.value))
     }
 
-    /// Removes every key whose value `is_fresh` says is fresh; returns how many went.
-    /// Locks one shard at a time.
+    /// Removes every key whose value `is_fresh` says is fresh and that has not been updated
+    /// since the previous sweep; returns how many went. Locks one shard at a time.
     pub fn sweep(&self, is_fresh: impl Fn(&V) -> bool) -> usize {
+        self.sweep_where(is_fresh, true)
+    }
+
+    /// Removes fresh keys; with `idle_only`, only those not updated since the last sweep.
+    fn sweep_where(&self, is_fresh: impl Fn(&V) -> bool, idle_only: bool) -> usize {
         let mut evicted = 0;
         for shard in self.shards.iter() {
             let mut inner = shard
@@ -193,7 +209,11 @@ impl<V> Store<V> {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let before = inner.table.len();
-            inner.table.retain(|e| !is_fresh(&e.value));
+            inner.table.retain(|e| {
+                let keep = (idle_only && e.touched) || !is_fresh(&e.value);
+                e.touched = false;
+                keep
+            });
             let len = inner.table.len();
             evicted += before - len;
             // Give memory back after a burst of keys has gone, but keep a floor: keys that
@@ -292,10 +312,23 @@ mod tests {
         let s = store(10);
         add(&s, "a", 1).unwrap();
         add(&s, "b", 2).unwrap();
+        // Updated since the last sweep: kept even though fresh.
+        assert_eq!(s.sweep(|v| *v < 2), 0);
         assert_eq!(s.sweep(|v| *v < 2), 1);
         assert_eq!(s.len(), 1);
         assert_eq!(s.keys.load(Ordering::Relaxed), 1);
         assert_eq!(s.read("b", |v| v.copied()), Some(2));
+    }
+
+    #[test]
+    fn store_keeps_a_fresh_key_that_is_used_between_sweeps() {
+        let s = store(10);
+        for _ in 0..5 {
+            add(&s, "busy", 0).unwrap_or_default();
+            add(&s, "busy", 1).unwrap();
+            assert_eq!(s.sweep(|_| true), 0);
+        }
+        assert_eq!(s.sweep(|_| true), 1);
     }
 
     #[test]

@@ -337,6 +337,14 @@ impl KeyState {
         cost: u64,
         max_wait: Nanos,
     ) -> (usize, Decision) {
+        // One limit (the common rule): no combining to do.
+        if let (KeyState::One(state), [limit]) = (&mut *self, limits) {
+            let decision = limit.decide(state, now, cost, max_wait);
+            if decision.allowed() && cost > 0 {
+                limit.commit(state, now, cost);
+            }
+            return (0, decision);
+        }
         let (index, decision) = self.peek(limits, now, cost, max_wait);
         if decision.allowed() && cost > 0 {
             for (limit, state) in limits.iter().zip(self.states_mut()) {
