@@ -2065,3 +2065,84 @@ async fn chunked_body_in_several_pieces_is_joined_and_checked() {
     })
     .await;
 }
+
+/// One keep-alive `POST /v1/check` on a raw stream; returns the response head and body.
+async fn raw_check(stream: &mut TcpStream, key: &str) -> String {
+    let body = format!(r#"{{"rule":"tb","key":"{key}"}}"#);
+    let request = format!(
+        "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("write");
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    // The answer is small and ends with the JSON object's closing brace.
+    while !got.ends_with(b"}") {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+    String::from_utf8_lossy(&got).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_keep_alive_connection_is_closed_after_request_timeout() {
+    within(async {
+        let node = TestNode::start(SLOW).await;
+        let mut stream = TcpStream::connect(node.addr).await.expect("connect");
+        assert!(
+            raw_check(&mut stream, "idle")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+        // Then nothing: the node closes the idle connection (request_timeout is 200 ms).
+        let started = Instant::now();
+        let rest = tokio::time::timeout(Duration::from_secs(5), read_until_closed(&mut stream))
+            .await
+            .expect("the node closes an idle keep-alive connection");
+        assert!(rest.is_empty());
+        assert!(started.elapsed() >= Duration::from_millis(150));
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_max_connections_wait_for_a_free_slot() {
+    within(async {
+        let config = SLOW.replace(
+            "request_timeout = \"200ms\"",
+            "request_timeout = \"10s\"\nmax_connections = 2",
+        );
+        let node = TestNode::start(&config).await;
+        let mut first = TcpStream::connect(node.addr).await.expect("connect");
+        let mut second = TcpStream::connect(node.addr).await.expect("connect");
+        assert!(raw_check(&mut first, "a").await.starts_with("HTTP/1.1 200"));
+        assert!(
+            raw_check(&mut second, "b")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+        // A third connection is accepted by the kernel but not served while two are open.
+        let mut third = TcpStream::connect(node.addr).await.expect("connect");
+        let waiting = tokio::time::timeout(Duration::from_millis(300), raw_check(&mut third, "c"));
+        assert!(waiting.await.is_err(), "a third connection was served");
+        // Closing one frees a slot: the waiting request is then answered.
+        drop(first);
+        let answer = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.ends_with(b"}") {
+                match third.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
+                }
+            }
+            String::from_utf8_lossy(&got).into_owned()
+        })
+        .await
+        .expect("served once a slot is free");
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    })
+    .await;
+}
