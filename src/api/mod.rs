@@ -26,7 +26,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Either, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::Method;
 use hyper::body::Incoming;
 use serde::Deserialize;
@@ -393,7 +393,7 @@ where
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+    if declared.is_some_and(|n| n > DRAIN_BYTES as u64) {
         return Err(ApiError::BodyTooLarge);
     }
     // The whole body has usually arrived with the headers: try once before arming a timer.
@@ -405,28 +405,42 @@ where
     };
     match collected {
         Err(_) => Err(ApiError::Timeout),
-        Ok(Ok(bytes)) => Ok(bytes),
-        Ok(Err(e)) if e.is::<LengthLimitError>() => Err(ApiError::BodyTooLarge),
+        Ok(Ok(Some(bytes))) => Ok(bytes),
+        Ok(Ok(None)) => Err(ApiError::BodyTooLarge),
         Ok(Err(e)) => Err(ApiError::MalformedJson(format!(
             "could not read the body: {e}"
         ))),
     }
 }
 
-/// The body's bytes, at most [`MAX_BODY_BYTES`]. A body that arrives in one chunk (the usual
-/// case) is returned as it is, without copying.
-async fn collect<B>(body: B) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>>
+/// How much of an oversized body is read and thrown away before answering 413. Closing a
+/// socket that still holds unread data makes the kernel reset the connection, and a client
+/// still sending may then lose the answer; reading the rest (up to this much) lets the 413
+/// arrive. A body declared larger than this is refused without reading it.
+const DRAIN_BYTES: usize = 4 * 1024 * 1024;
+
+/// The body's bytes, or `None` if it is over [`MAX_BODY_BYTES`] (then it is read up to
+/// [`DRAIN_BYTES`] and discarded). A body that arrives in one chunk (the usual case) is
+/// returned as it is, without copying.
+async fn collect<B>(body: B) -> Result<Option<Bytes>, B::Error>
 where
     B: http_body::Body<Data = Bytes>,
-    B::Error: std::error::Error + Send + Sync + 'static,
 {
-    let mut body = std::pin::pin!(Limited::new(body, MAX_BODY_BYTES));
+    let mut body = std::pin::pin!(body);
     let mut first = Bytes::new();
     let mut joined: Option<Vec<u8>> = None;
+    let mut total = 0usize;
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame?.into_data() else {
             continue; // trailers
         };
+        total = total.saturating_add(data.len());
+        if total > MAX_BODY_BYTES {
+            if total > DRAIN_BYTES {
+                return Ok(None);
+            }
+            continue;
+        }
         match &mut joined {
             Some(all) => all.extend_from_slice(&data),
             None if first.is_empty() => first = data,
@@ -438,7 +452,10 @@ where
             }
         }
     }
-    Ok(joined.map_or(first, Bytes::from))
+    if total > MAX_BODY_BYTES {
+        return Ok(None);
+    }
+    Ok(Some(joined.map_or(first, Bytes::from)))
 }
 
 fn json_error(e: serde_json::Error) -> ApiError {
