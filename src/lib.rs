@@ -8,6 +8,8 @@
 //! - [`store`]: the sharded, bounded keyed store that owns concurrency and eviction.
 //! - [`engine`]: rules + store + clock; the only reader of the time.
 //! - [`clock`]: the [`Clock`](clock::Clock) trait, the system clock and a manual clock.
+//! - [`counter`]: cluster-wide counts of global rules as CRDT counters with dot deltas; pure.
+//! - [`wire`]: the one versioned codec for every message between nodes.
 //! - [`config`]: TOML + environment + flags, validated into one [`Config`](config::Config).
 //! - [`api`]: HTTP routes, rate-limit headers, the one mapping from errors to responses.
 //! - [`metrics`]: Prometheus counters and the check-latency histogram.
@@ -23,8 +25,10 @@ pub mod api;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod counter;
 pub mod engine;
 pub mod limiter;
 pub mod metrics;
 pub mod server;
 pub mod store;
+pub mod wire;

@@ -1,0 +1,302 @@
+//! The one codec for everything nodes send each other.
+//!
+//! Pure: no I/O, no clock, no async; bytes in, [`Message`] out, and back.
+//!
+//! A frame is `[version: u8][payload]`: one byte [`WIRE_VERSION`], then the message in
+//! bincode 2's standard configuration (little-endian varints; enum variants by index, so
+//! variants are only ever appended). A frame is at most [`MAX_FRAME_BYTES`] long, both ways.
+//!
+//! [`decode`] takes untrusted bytes and never panics. Lengths inside the payload are checked
+//! against the frame limit before anything is allocated for them (bincode's `with_limit`),
+//! sequences preallocate at most 1 MiB (serde's cautious size hint) and fail at the end of
+//! the input, so a hostile frame costs time and memory in proportion to its real size. A
+//! frame must be consumed exactly: trailing bytes are an error. What the fields *mean*
+//! (whether `from` is the authenticated peer, whether a rule exists, whether a count is
+//! plausible) is for the receiver to judge.
+
+use bincode::config::{Configuration, Limit, LittleEndian, Varint};
+use bincode::enc::write::Writer;
+use bincode::error::{DecodeError, EncodeError};
+use serde::{Deserialize, Serialize};
+
+use crate::counter::{Actor, Delta, Digest};
+
+/// The version byte this node writes and the only one it reads.
+pub const WIRE_VERSION: u8 = 1;
+
+/// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
+/// takes ~40 bytes, so a frame holds ~25,000 of them; a digest of one rule takes at most
+/// ~36 KiB ([`MAX_DIGEST_BUCKETS`](crate::counter::MAX_DIGEST_BUCKETS)). Larger batches must
+/// be split by the sender. It also bounds what one hostile frame can make a node decode.
+pub const MAX_FRAME_BYTES: usize = 1 << 20;
+
+/// bincode's standard configuration, refusing any length that would read past the frame
+/// limit.
+type Config = Configuration<LittleEndian, Varint, Limit<MAX_FRAME_BYTES>>;
+
+fn config() -> Config {
+    bincode::config::standard().with_limit::<MAX_FRAME_BYTES>()
+}
+
+/// Everything one node tells another about counters.
+///
+/// Append new variants at the end: the variant index is on the wire.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Message {
+    /// The first message on a connection: who is speaking, and which rules it runs.
+    Hello {
+        /// The sender.
+        from: Actor,
+        /// A hash of the sender's global rules, to report peers configured differently.
+        rules_hash: u64,
+    },
+    /// A gossip round's changes ([`Counters::take_deltas`](crate::counter::Counters::take_deltas)).
+    Deltas {
+        /// The sender (not necessarily the actor of every dot: deltas are relayed).
+        from: Actor,
+        /// Changed slots with the latest dots of their changed actors.
+        entries: Vec<Delta>,
+    },
+    /// Anti-entropy: the sender's digest, to be answered with a [`Message::Repair`].
+    Digest {
+        /// The sender.
+        from: Actor,
+        /// Its digest ([`Counters::digest`](crate::counter::Counters::digest)).
+        digest: Digest,
+    },
+    /// The answer to a [`Message::Digest`]
+    /// ([`Counters::repair_for`](crate::counter::Counters::repair_for)).
+    Repair {
+        /// The sender.
+        from: Actor,
+        /// Every slot the digest's owner may lack, with all the sender's dots there.
+        entries: Vec<Delta>,
+    },
+}
+
+/// Why a frame could not be encoded or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    /// The frame has no bytes at all.
+    #[error("empty frame")]
+    Empty,
+    /// The frame's version byte is not [`WIRE_VERSION`] (a peer running another release).
+    #[error("frame version {0} is not supported (this node speaks version {WIRE_VERSION})")]
+    Version(u8),
+    /// The frame is (or would be) longer than [`MAX_FRAME_BYTES`].
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME_BYTES} bytes")]
+    TooLarge(usize),
+    /// The payload is not a valid message: truncated, corrupt, or claiming lengths beyond
+    /// the frame limit.
+    #[error("malformed frame: {0}")]
+    Malformed(#[from] DecodeError),
+    /// A whole message was decoded before the end of the frame.
+    #[error("frame has {0} bytes after the message")]
+    TrailingBytes(usize),
+    /// The message could not be encoded (not expected for any [`Message`]).
+    #[error("cannot encode message: {0}")]
+    Encode(#[from] EncodeError),
+}
+
+/// Encodes `message` as a frame. Refuses a frame over [`MAX_FRAME_BYTES`] without
+/// allocating more than the limit.
+pub fn encode(message: &Message) -> Result<Vec<u8>, WireError> {
+    let mut frame = Frame {
+        bytes: vec![WIRE_VERSION],
+        len: 1,
+    };
+    bincode::serde::encode_into_writer(message, &mut frame, config())?;
+    if frame.len > MAX_FRAME_BYTES {
+        return Err(WireError::TooLarge(frame.len));
+    }
+    Ok(frame.bytes)
+}
+
+/// Decodes one frame. Never panics, whatever `frame` holds.
+pub fn decode(frame: &[u8]) -> Result<Message, WireError> {
+    if frame.len() > MAX_FRAME_BYTES {
+        return Err(WireError::TooLarge(frame.len()));
+    }
+    let (&version, payload) = frame.split_first().ok_or(WireError::Empty)?;
+    if version != WIRE_VERSION {
+        return Err(WireError::Version(version));
+    }
+    let (message, read) = bincode::serde::decode_from_slice(payload, config())?;
+    match payload.len() - read {
+        0 => Ok(message),
+        extra => Err(WireError::TrailingBytes(extra)),
+    }
+}
+
+/// A frame being written: keeps bytes up to the limit and only counts the rest, so an
+/// oversized message is measured without being buffered.
+struct Frame {
+    bytes: Vec<u8>,
+    len: usize,
+}
+
+impl Writer for Frame {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), EncodeError> {
+        self.len = self.len.saturating_add(bytes.len());
+        if self.len <= MAX_FRAME_BYTES {
+            self.bytes.extend_from_slice(bytes);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::counter::{RuleDigest, SlotId};
+    use crdts::Dot;
+    use proptest::prelude::*;
+
+    fn actor() -> impl Strategy<Value = Actor> {
+        ("[a-z0-9-]{0,12}", any::<u64>()).prop_map(|(node, generation)| Actor { node, generation })
+    }
+
+    fn deltas() -> impl Strategy<Value = Vec<Delta>> {
+        let slot = (".{0,8}", any::<String>(), any::<u64>()).prop_map(|(rule, key, slot)| SlotId {
+            rule,
+            key,
+            slot,
+        });
+        let dot = (actor(), any::<u64>()).prop_map(|(a, n)| Dot::new(a, n));
+        proptest::collection::vec((slot, proptest::collection::vec(dot, 0..4)), 0..8)
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        let digest = proptest::collection::vec(
+            ("[a-z]{0,8}", proptest::collection::vec(any::<u64>(), 0..20))
+                .prop_map(|(rule, buckets)| RuleDigest { rule, buckets }),
+            0..4,
+        )
+        .prop_map(|rules| Digest { rules });
+        prop_oneof![
+            (actor(), any::<u64>())
+                .prop_map(|(from, rules_hash)| Message::Hello { from, rules_hash }),
+            (actor(), deltas()).prop_map(|(from, entries)| Message::Deltas { from, entries }),
+            (actor(), digest).prop_map(|(from, digest)| Message::Digest { from, digest }),
+            (actor(), deltas()).prop_map(|(from, entries)| Message::Repair { from, entries }),
+        ]
+    }
+
+    fn sample() -> Message {
+        Message::Deltas {
+            from: Actor::new("node-1", 1_700_000_000_000),
+            entries: vec![(
+                SlotId::new("api", "user-42", 28_333_333),
+                vec![
+                    Dot::new(Actor::new("node-1", 1_700_000_000_000), 17),
+                    Dot::new(Actor::new("node-2", 1_700_000_000_500), 3),
+                ],
+            )],
+        }
+    }
+
+    #[test]
+    fn a_frame_starts_with_the_version_byte() {
+        let frame = encode(&sample()).unwrap();
+        assert_eq!(frame[0], WIRE_VERSION);
+        assert_eq!(decode(&frame).unwrap(), sample());
+    }
+
+    #[test]
+    fn every_strict_prefix_of_a_frame_is_refused() {
+        let frame = encode(&sample()).unwrap();
+        assert!(matches!(decode(&[]), Err(WireError::Empty)));
+        for end in 1..frame.len() {
+            assert!(
+                matches!(decode(&frame[..end]), Err(WireError::Malformed(_))),
+                "prefix of {end} bytes"
+            );
+        }
+    }
+
+    #[test]
+    fn another_version_is_refused_with_a_clear_error() {
+        let mut frame = encode(&sample()).unwrap();
+        frame[0] = 2;
+        let err = decode(&frame).unwrap_err();
+        assert!(matches!(err, WireError::Version(2)));
+        assert_eq!(
+            err.to_string(),
+            "frame version 2 is not supported (this node speaks version 1)"
+        );
+    }
+
+    #[test]
+    fn trailing_bytes_are_refused() {
+        let mut frame = encode(&sample()).unwrap();
+        frame.push(0);
+        assert!(matches!(decode(&frame), Err(WireError::TrailingBytes(1))));
+    }
+
+    #[test]
+    fn oversized_frames_are_refused_both_ways() {
+        let big = Message::Deltas {
+            from: Actor::new("n", 1),
+            entries: vec![(SlotId::new("r", "k".repeat(MAX_FRAME_BYTES), 0), vec![])],
+        };
+        assert!(matches!(encode(&big), Err(WireError::TooLarge(n)) if n > MAX_FRAME_BYTES));
+        let mut frame = vec![0; MAX_FRAME_BYTES + 1];
+        frame[0] = WIRE_VERSION;
+        assert!(matches!(decode(&frame), Err(WireError::TooLarge(_))));
+    }
+
+    /// `[version][Deltas][from: "" , generation 0][entries: 2^60 elements]`, and the same
+    /// length claimed by a string: refused at once, without allocating for the claim.
+    #[test]
+    fn huge_length_prefixes_are_refused_without_allocating() {
+        let mut huge = vec![253]; // varint marker: a u64 follows
+        huge.extend_from_slice(&(1u64 << 60).to_le_bytes());
+        let deltas = 1; // variant index of Message::Deltas
+        let started = std::time::Instant::now();
+
+        let mut vec_claim = vec![WIRE_VERSION, deltas, 0, 0];
+        vec_claim.extend_from_slice(&huge);
+        assert!(matches!(decode(&vec_claim), Err(WireError::Malformed(_))));
+
+        let mut string_claim = vec![WIRE_VERSION, deltas];
+        string_claim.extend_from_slice(&huge);
+        let err = decode(&string_claim).unwrap_err();
+        assert!(
+            matches!(err, WireError::Malformed(DecodeError::LimitExceeded)),
+            "{err:?}"
+        );
+
+        // Nested: one entry whose dot vector claims 2^60 dots.
+        let mut nested = vec![WIRE_VERSION, deltas, 0, 0, 1, 1, b'r', 1, b'k', 0];
+        nested.extend_from_slice(&huge);
+        assert!(matches!(decode(&nested), Err(WireError::Malformed(_))));
+
+        assert!(started.elapsed() < std::time::Duration::from_secs(1));
+    }
+
+    proptest! {
+        #[test]
+        fn every_message_round_trips(m in message()) {
+            let frame = encode(&m).unwrap();
+            prop_assert!(frame.len() <= MAX_FRAME_BYTES);
+            prop_assert_eq!(decode(&frame).unwrap(), m);
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..4096)) {
+            let _ = decode(&bytes);
+            let mut framed = vec![WIRE_VERSION];
+            framed.extend_from_slice(&bytes);
+            let _ = decode(&framed);
+        }
+
+        /// Flipping any byte of a valid frame gives an error or some message, never a panic.
+        #[test]
+        fn corrupted_frames_never_panic(m in message(), at in any::<prop::sample::Index>(), x in 1u8..) {
+            let mut frame = encode(&m).unwrap();
+            let i = at.index(frame.len());
+            frame[i] ^= x;
+            let _ = decode(&frame);
+        }
+    }
+}
