@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -19,6 +19,8 @@ use crate::api::{App, Service};
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::engine::Engine;
+
+mod watchdog;
 
 /// A bound, not yet serving, node.
 #[derive(Debug)]
@@ -69,11 +71,15 @@ impl Node {
         let service = Service::new(app.clone());
         let permits = Arc::new(Semaphore::new(server.max_connections));
         let graceful = GracefulShutdown::new();
+        // Slow and idle clients are cut off by a watchdog per connection (see `watchdog`),
+        // not by hyper's header-read timer, which costs a timer per request.
         let mut builder = http1::Builder::new();
-        builder
-            .timer(TokioTimer::new())
-            .header_read_timeout(server.request_timeout)
-            .keep_alive(true);
+        builder.header_read_timeout(None).keep_alive(true);
+        let longest_wait = config.rules.iter().map(|r| r.max_wait).max().unwrap_or(0);
+        let limits = watchdog::Limits {
+            request: server.request_timeout + Duration::from_nanos(longest_wait),
+            idle: server.request_timeout,
+        };
         let sweeper = tokio::spawn(sweep(app.clone(), server.sweep_interval));
         tokio::pin!(shutdown);
         loop {
@@ -94,11 +100,17 @@ impl Node {
                 },
             };
             let _ = stream.set_nodelay(true);
-            let connection = builder.serve_connection(TokioIo::new(stream), service.clone());
-            let connection = graceful.watch(connection);
+            let activity = watchdog::Activity::new();
+            let io = TokioIo::new(watchdog::Watched::new(stream, activity.clone()));
+            let connection = graceful.watch(builder.serve_connection(io, service.clone()));
             tokio::spawn(async move {
-                if let Err(e) = connection.await {
-                    debug!(%peer, error = %e, "connection ended with an error");
+                tokio::select! {
+                    result = connection => if let Err(e) = result {
+                        debug!(%peer, error = %e, "connection ended with an error");
+                    },
+                    () = watchdog::watch(activity, limits) => {
+                        debug!(%peer, "closed a stalled connection");
+                    }
                 }
                 drop(permit);
             });
