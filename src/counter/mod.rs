@@ -153,6 +153,9 @@ pub struct Counters {
     /// Per rule, the oldest slot still kept: dots for older slots are ignored, so a lagging
     /// peer cannot bring back a window that was already forgotten.
     floors: HashMap<String, u64, foldhash::fast::RandomState>,
+    /// Dots from peers that claimed this node's own actor, refused (only this node knows its
+    /// own count; a higher claim is a bug or an attack).
+    refused: u64,
 }
 
 impl Counters {
@@ -163,6 +166,7 @@ impl Counters {
             slots: HashMap::default(),
             dirty: Vec::new(),
             floors: HashMap::default(),
+            refused: 0,
         }
     }
 
@@ -188,7 +192,14 @@ impl Counters {
     /// dot again, or an older one, changes nothing. A changed slot is relayed by the next
     /// [`Counters::take_deltas`]. Dots for slots older than the rule's floor
     /// ([`Counters::forget_before`]) are ignored, and so are zero counts.
+    ///
+    /// A dot for this node's own actor is refused and counted ([`Counters::refused`]): only
+    /// this node raises its own count.
     pub fn apply(&mut self, slot: SlotId, dot: Dot<Actor>) -> bool {
+        if dot.actor == self.me {
+            self.refused += 1;
+            return false;
+        }
         !self.is_forgotten(&slot) && self.merge(slot, [dot]) > 0
     }
 
@@ -196,12 +207,20 @@ impl Counters {
     /// slot). Returns how many dots changed a count.
     pub fn apply_all(&mut self, deltas: impl IntoIterator<Item = Delta>) -> usize {
         let mut changed = 0;
-        for (slot, dots) in deltas {
+        for (slot, mut dots) in deltas {
+            let before = dots.len();
+            dots.retain(|d| d.actor != self.me);
+            self.refused += (before - dots.len()) as u64;
             if !self.is_forgotten(&slot) {
                 changed += self.merge(slot, dots);
             }
         }
         changed
+    }
+
+    /// Dots refused so far because a peer claimed this node's own actor.
+    pub fn refused(&self) -> u64 {
+        self.refused
     }
 
     /// The cluster-wide count in `slot` as far as this node knows: its own count plus the
@@ -247,6 +266,24 @@ impl Counters {
                 })
                 .collect();
             deltas.push((id, dots));
+        }
+        deltas
+    }
+
+    /// Like [`Counters::take_deltas`], but only this node's own dots: what a full mesh sends,
+    /// where every peer hears every node directly and relaying would multiply the traffic by
+    /// the number of nodes. Peers' changes are cleared without being handed out.
+    pub fn take_own_deltas(&mut self) -> Vec<Delta> {
+        let mut deltas = Vec::new();
+        for id in mem::take(&mut self.dirty) {
+            let Some(state) = self.slots.get_mut(&id) else {
+                continue;
+            };
+            let changed = mem::take(&mut state.changed);
+            if changed.contains(&self.me) {
+                let counter = state.counts.get(&self.me);
+                deltas.push((id, vec![Dot::new(self.me.clone(), counter)]));
+            }
         }
         deltas
     }

@@ -57,6 +57,12 @@ fn apply_keeps_the_larger_count_per_actor_and_never_lowers_one() {
         !c.apply(slot("k", 0), Dot::new(actor("a"), 1)),
         "own, older"
     );
+    assert!(
+        !c.apply(slot("k", 0), Dot::new(actor("a"), 100)),
+        "own, higher: only this node raises its own count"
+    );
+    assert_eq!(c.own(&slot("k", 0)), 4);
+    assert_eq!(c.refused(), 2);
     assert_eq!(c.total(&slot("k", 0)), 11);
     assert_eq!((c.own(&slot("k", 0)), c.others(&slot("k", 0))), (4, 7));
     assert!(c.apply(slot("k", 0), Dot::new(actor("b"), 9)));
@@ -436,4 +442,38 @@ proptest! {
             prop_assert_eq!(x.total(&id), t);
         }
     }
+}
+
+#[test]
+fn peers_cannot_raise_this_nodes_own_count_through_a_batch() {
+    let mut c = Counters::new(actor("a"));
+    c.add(slot("k", 0), 1);
+    let changed = c.apply_all([(
+        slot("k", 0),
+        vec![Dot::new(actor("a"), 50), Dot::new(actor("b"), 2)],
+    )]);
+    assert_eq!(changed, 1);
+    assert_eq!((c.own(&slot("k", 0)), c.total(&slot("k", 0))), (1, 3));
+    assert_eq!(c.refused(), 1);
+}
+
+#[test]
+fn take_own_deltas_hands_out_only_this_nodes_dots_and_clears_the_rest() {
+    let mut c = Counters::new(actor("a"));
+    c.add(slot("k", 0), 2);
+    c.apply(slot("k", 0), Dot::new(actor("b"), 5));
+    c.apply(slot("j", 0), Dot::new(actor("b"), 1));
+    assert_eq!(
+        c.take_own_deltas(),
+        vec![(slot("k", 0), vec![Dot::new(actor("a"), 2)])]
+    );
+    assert!(
+        c.take_deltas().is_empty(),
+        "peers' changes are not relayed later"
+    );
+    c.add(slot("k", 0), 1);
+    assert_eq!(
+        c.take_own_deltas(),
+        vec![(slot("k", 0), vec![Dot::new(actor("a"), 3)])]
+    );
 }
