@@ -627,10 +627,102 @@ fn ceil_secs(n: Nanos) -> u64 {
 mod tests {
     use super::*;
 
+    use crate::clock::ManualClock;
+    use crate::config::Config;
+    use proptest::prelude::*;
+
     #[test]
     fn number_headers_match_their_value_inside_and_outside_the_table() {
         for n in [0, 1, 42, 1023, 1024, 99_999, u64::MAX] {
             assert_eq!(number_header(n).to_str().unwrap(), n.to_string());
+        }
+    }
+
+    fn app() -> App {
+        let config = Config::load(None, &Default::default()).unwrap();
+        let clock = Arc::new(ManualClock::new(1_700_000_000 * SECOND));
+        let engine = Engine::new(config.rules, 1_000, clock);
+        App::new(engine, "n".into(), None, Duration::from_secs(1))
+    }
+
+    /// A JSON value of any shape, a few levels deep.
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<u64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_map(serde_json::Value::from),
+            ".{0,12}".prop_map(serde_json::Value::from),
+            prop::sample::select(vec!["default", "api", "shaped", "nope", ""])
+                .prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(3, 16, 4, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..4).prop_map(serde_json::Value::from),
+                prop::collection::btree_map(
+                    prop::sample::select(vec!["rule", "key", "cost", "wait_ms", "x"])
+                        .prop_map(str::to_owned),
+                    inner,
+                    0..5
+                )
+                .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// Runs one POST body through the check handler, as the server would.
+    fn post(app: &App, body: Vec<u8>) -> StatusCode {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        let result = runtime.block_on(check_post_body(
+            app,
+            &HeaderMap::new(),
+            Full::new(Bytes::from(body)),
+        ));
+        match result {
+            Ok(response) => response.status(),
+            Err(e) => e.status(),
+        }
+    }
+
+    proptest! {
+        /// Whatever the body, the answer is a decision (200/429) or a 4xx: never a 5xx, never
+        /// a panic.
+        #[test]
+        fn any_json_body_gets_a_decision_or_a_client_error(value in json_value()) {
+            let app = app();
+            let status = post(&app, value.to_string().into_bytes());
+            prop_assert!(
+                status == StatusCode::OK
+                    || status == StatusCode::TOO_MANY_REQUESTS
+                    || status.is_client_error(),
+                "{value} -> {status}"
+            );
+        }
+
+        /// The same for arbitrary bytes.
+        #[test]
+        fn any_bytes_get_a_client_error_or_a_decision(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+            let status = post(&app(), bytes);
+            prop_assert!(status.is_client_error() || status == StatusCode::OK
+                || status == StatusCode::TOO_MANY_REQUESTS);
+        }
+
+        /// A refused body never charges a key: the `default` key stays fresh.
+        #[test]
+        fn a_refused_body_charges_nothing(value in json_value()) {
+            let app = app();
+            let status = post(&app, value.to_string().into_bytes());
+            if status.is_client_error() {
+                let rule = app.engine.rule("default").unwrap();
+                prop_assert_eq!(rule.active_keys(), 0);
+                let api = app.engine.rule("api").unwrap();
+                prop_assert_eq!(api.active_keys(), 0);
+            }
         }
     }
 }
