@@ -5,9 +5,10 @@
 //! shaping wait is returned in the decision for the caller to serve
 //! ([`Clock::sleep`]).
 //!
-//! Scope: a rule's `scope = "global"` is where cluster-wide counts will enter — the key state
-//! handed to the limits will then carry peers' counts — without changing this check path. On
-//! a single node, global and local counting are the same.
+//! Scope: a rule's `scope = "global"` is where the cluster will enter — the key state handed
+//! to the limits will then carry this node's allowance of the global limit (a lease of the
+//! window's room, or a share of the bucket; see docs/design.md) — without changing this check
+//! path. On a single node, global and local counting are the same.
 
 use std::collections::HashMap;
 use std::sync::Arc;
