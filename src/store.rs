@@ -117,9 +117,8 @@ impl<V> Store<V> {
         let hash = self.hasher.hash_one(key);
         {
             let mut shard = self.shard(hash);
-            if let Some(entry) = shard.table.find_mut(hash, |e| &*e.key == key) {
-                entry.touched = true;
-                return Ok(f(&mut entry.value));
+            if let Some(value) = touch(&mut shard, hash, key) {
+                return Ok(f(value));
             }
             if !self.at_bound() {
                 return Ok(self.insert_new(&mut shard, hash, key, fresh, is_fresh, f));
@@ -129,9 +128,8 @@ impl<V> Store<V> {
         // released meanwhile because a sweep takes every shard's lock in turn.
         self.sweep_if_due(now, &is_fresh);
         let mut shard = self.shard(hash);
-        if let Some(entry) = shard.table.find_mut(hash, |e| &*e.key == key) {
-            entry.touched = true;
-            return Ok(f(&mut entry.value));
+        if let Some(value) = touch(&mut shard, hash, key) {
+            return Ok(f(value));
         }
         if self.at_bound() {
             return Err(Full);
@@ -252,6 +250,13 @@ impl<V> Store<V> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// The value of `key` if the shard holds it, marked as used since the last sweep.
+fn touch<'s, V>(shard: &'s mut ShardInner<V>, hash: u64, key: &str) -> Option<&'s mut V> {
+    let entry = shard.table.find_mut(hash, |e| &*e.key == key)?;
+    entry.touched = true;
+    Some(&mut entry.value)
 }
 
 #[cfg(test)]
