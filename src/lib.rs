@@ -24,6 +24,7 @@
 pub mod api;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod counter;
 pub mod engine;

@@ -227,6 +227,24 @@ impl<V> Store<V> {
         evicted
     }
 
+    /// Runs `f` on every key and its value, one shard at a time, and removes the keys for
+    /// which `f` returns `false` (not counted as evictions). For the cluster's round task;
+    /// holds each shard's lock while it visits that shard, so keep `f` short.
+    pub fn visit(&self, mut f: impl FnMut(&str, &mut V) -> bool) -> usize {
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut inner = shard
+                .inner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let before = inner.table.len();
+            inner.table.retain(|e| f(&e.key, &mut e.value));
+            removed += before - inner.table.len();
+        }
+        self.keys.fetch_sub(removed, Ordering::Relaxed);
+        removed
+    }
+
     /// Keys evicted so far, by background sweeps and by sweeps made for a new key at the bound.
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::counter::{Actor, Delta, Digest};
 
 /// The version byte this node writes and the only one it reads.
-pub const WIRE_VERSION: u8 = 1;
+pub const WIRE_VERSION: u8 = 2;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
 /// takes ~40 bytes, so a frame holds ~25,000 of them; a digest of one rule takes at most
@@ -50,13 +50,9 @@ pub enum Message {
         /// A hash of the sender's global rules, to report peers configured differently.
         rules_hash: u64,
     },
-    /// A gossip round's changes ([`Counters::take_deltas`](crate::counter::Counters::take_deltas)).
-    Deltas {
-        /// The sender (not necessarily the actor of every dot: deltas are relayed).
-        from: Actor,
-        /// Changed slots with the latest dots of their changed actors.
-        entries: Vec<Delta>,
-    },
+    /// A round's frame: the sender's own counts and demand as of its boundary
+    /// (see docs/design.md §2.2 and [`RoundFrame`]).
+    Round(RoundFrame),
     /// Anti-entropy: the sender's digest, to be answered with a [`Message::Repair`].
     Digest {
         /// The sender.
@@ -72,6 +68,48 @@ pub enum Message {
         /// Every slot the digest's owner may lack, with all the sender's dots there.
         entries: Vec<Delta>,
     },
+}
+
+/// What a node publishes at the boundary of round `round`: the inputs every peer needs to
+/// compute the same leases and shares at the round's instant.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoundFrame {
+    /// The sender's actor; every count in the frame is this actor's own.
+    pub from: Actor,
+    /// The round number: the boundary's time divided by the round length.
+    pub round: u64,
+    /// A hash of the sender's view of the cluster (members and which of them it suspects);
+    /// nodes whose views differ do not lease in that round.
+    pub view: u64,
+    /// `None`: `keys` lists every key the sender is active on. `Some(r)`: only the keys whose
+    /// counts, demand or credit changed in rounds `r..=round`, so a receiver that holds the
+    /// sender's complete state through round `r - 1` is complete through `round` (a frame or
+    /// two lost in between cost nothing).
+    pub since: Option<u64>,
+    /// Per key: demand, own counts and gap credit.
+    pub keys: Vec<KeyReport>,
+}
+
+/// One key's inputs in a [`RoundFrame`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyReport {
+    /// The rule (must be a global rule of the receiver's, or the report is dropped).
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// The sender's smoothed demand for the key: cost units arriving per round.
+    pub demand: u64,
+    /// One entry per limit of the rule, in the rule's order.
+    pub limits: Vec<LimitReport>,
+}
+
+/// One limit's inputs in a [`KeyReport`]. Bucket limits send empty reports.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LimitReport {
+    /// The sender's own absolute admitted count in each open slot, `(slot, count)`.
+    pub counts: Vec<(u64, u64)>,
+    /// The gap credit the sender holds until the round's instant: `(slot, units)`.
+    pub credit: Option<(u64, u64)>,
 }
 
 /// Why a frame could not be encoded or decoded.
@@ -166,6 +204,40 @@ mod tests {
         proptest::collection::vec((slot, proptest::collection::vec(dot, 0..4)), 0..8)
     }
 
+    fn round_frame() -> impl Strategy<Value = RoundFrame> {
+        let limit = (
+            proptest::collection::vec((any::<u64>(), any::<u64>()), 0..3),
+            proptest::option::of((any::<u64>(), any::<u64>())),
+        )
+            .prop_map(|(counts, credit)| LimitReport { counts, credit });
+        let key = (
+            "[a-z]{0,8}",
+            any::<String>(),
+            any::<u64>(),
+            proptest::collection::vec(limit, 0..3),
+        )
+            .prop_map(|(rule, key, demand, limits)| KeyReport {
+                rule,
+                key,
+                demand,
+                limits,
+            });
+        (
+            actor(),
+            any::<u64>(),
+            any::<u64>(),
+            proptest::option::of(any::<u64>()),
+            proptest::collection::vec(key, 0..6),
+        )
+            .prop_map(|(from, round, view, since, keys)| RoundFrame {
+                from,
+                round,
+                view,
+                since,
+                keys,
+            })
+    }
+
     fn message() -> impl Strategy<Value = Message> {
         let digest = proptest::collection::vec(
             ("[a-z]{0,8}", proptest::collection::vec(any::<u64>(), 0..20))
@@ -176,14 +248,14 @@ mod tests {
         prop_oneof![
             (actor(), any::<u64>())
                 .prop_map(|(from, rules_hash)| Message::Hello { from, rules_hash }),
-            (actor(), deltas()).prop_map(|(from, entries)| Message::Deltas { from, entries }),
+            round_frame().prop_map(Message::Round),
             (actor(), digest).prop_map(|(from, digest)| Message::Digest { from, digest }),
             (actor(), deltas()).prop_map(|(from, entries)| Message::Repair { from, entries }),
         ]
     }
 
     fn sample() -> Message {
-        Message::Deltas {
+        Message::Repair {
             from: Actor::new("node-1", 1_700_000_000_000),
             entries: vec![(
                 SlotId::new("api", "user-42", 28_333_333),
@@ -217,12 +289,12 @@ mod tests {
     #[test]
     fn another_version_is_refused_with_a_clear_error() {
         let mut frame = encode(&sample()).unwrap();
-        frame[0] = 2;
+        frame[0] = 1;
         let err = decode(&frame).unwrap_err();
-        assert!(matches!(err, WireError::Version(2)));
+        assert!(matches!(err, WireError::Version(1)));
         assert_eq!(
             err.to_string(),
-            "frame version 2 is not supported (this node speaks version 1)"
+            "frame version 1 is not supported (this node speaks version 2)"
         );
     }
 
@@ -235,7 +307,7 @@ mod tests {
 
     #[test]
     fn oversized_frames_are_refused_both_ways() {
-        let big = Message::Deltas {
+        let big = Message::Repair {
             from: Actor::new("n", 1),
             entries: vec![(SlotId::new("r", "k".repeat(MAX_FRAME_BYTES), 0), vec![])],
         };
@@ -245,13 +317,13 @@ mod tests {
         assert!(matches!(decode(&frame), Err(WireError::TooLarge(_))));
     }
 
-    /// `[version][Deltas][from: "" , generation 0][entries: 2^60 elements]`, and the same
+    /// `[version][Repair][from: "" , generation 0][entries: 2^60 elements]`, and the same
     /// length claimed by a string: refused at once, without allocating for the claim.
     #[test]
     fn huge_length_prefixes_are_refused_without_allocating() {
         let mut huge = vec![253]; // varint marker: a u64 follows
         huge.extend_from_slice(&(1u64 << 60).to_le_bytes());
-        let deltas = 1; // variant index of Message::Deltas
+        let deltas = 3; // variant index of Message::Repair
         let started = std::time::Instant::now();
 
         let mut vec_claim = vec![WIRE_VERSION, deltas, 0, 0];

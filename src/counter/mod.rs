@@ -235,6 +235,20 @@ impl Counters {
         self.slots.get(slot).map_or(0, |s| s.counts.get(&self.me))
     }
 
+    /// `actor`'s count in `slot` as far as this node knows (0 if unknown).
+    pub fn count(&self, slot: &SlotId, actor: &Actor) -> u64 {
+        self.slots.get(slot).map_or(0, |s| s.counts.get(actor))
+    }
+
+    /// Forgets the record of which slots changed, for callers that never take deltas.
+    pub fn clear_changes(&mut self) {
+        for id in mem::take(&mut self.dirty) {
+            if let Some(state) = self.slots.get_mut(&id) {
+                state.changed.clear();
+            }
+        }
+    }
+
     /// Everyone else's count in `slot`: [`Counters::total`] less [`Counters::own`] (so also
     /// saturated when the total is).
     pub fn others(&self, slot: &SlotId) -> u64 {

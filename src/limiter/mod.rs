@@ -402,14 +402,14 @@ impl KeyState {
     }
 }
 
-fn admit_wait(d: &Decision) -> Nanos {
+pub(crate) fn admit_wait(d: &Decision) -> Nanos {
     match d.verdict {
         Verdict::Admit { wait } => wait,
         _ => 0,
     }
 }
 
-fn more_restrictive(a: &Decision, b: &Decision) -> bool {
+pub(crate) fn more_restrictive(a: &Decision, b: &Decision) -> bool {
     match (a.verdict, b.verdict) {
         (Verdict::Never, Verdict::Never) => false,
         (Verdict::Never, _) => true,

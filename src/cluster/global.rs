@@ -1,0 +1,1702 @@
+//! Global admission for `scope = "global"` rules: per-round leases for windowed limits and
+//! demand-proportional shares for buckets (docs/design.md §2–§5).
+//!
+//! Sans-IO: no sockets, no clock reads, no tasks. The caller passes the time to every method,
+//! feeds in what peers sent ([`Global::receive`]) and what membership says
+//! ([`Global::set_members`]), calls [`Global::tick`] when [`Global::next_tick`] says, and
+//! delivers the [`Output`]s. So the same code runs in the node (over QUIC) and in a simulation
+//! on virtual time, where every test is exact.
+//!
+//! # A round
+//! Rounds are `[nT, (n+1)T)` by the wall clock. At the *boundary* nT a node publishes, in one
+//! [`RoundFrame`] to every peer, its own admitted counts per open slot, its smoothed demand per
+//! key and the gap credit it holds until the round's *instant* nT + δ. At the instant, if it
+//! holds every reachable peer's round-n frame and all of them share its view of the cluster,
+//! it is *consistent* and computes, from those frames alone, the same allocation every other
+//! consistent node computes: each node's lease of the window's room (windows) or share of the
+//! rate (buckets). A node that is not consistent is *degraded*: it takes no new lease and only
+//! spends the gap credit it published. Leases of all nodes sum to at most the room, so the
+//! cluster never admits more than the limit (design §3.3.2) — staleness costs only
+//! under-admission.
+//!
+//! # The check path
+//! [`Global::check`] takes one shard lock of one rule's [`Store`] and reads nothing else: the
+//! key's lease, its own counts, and the peers' counts copied into the key at the last instant.
+//! It never waits on the network.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crdts::Dot;
+
+use crate::counter::{Actor, Counters, SlotId};
+use crate::limiter::{
+    Algorithm, Decision, Limit, MILLISECOND, Nanos, Verdict, admit_wait, more_restrictive,
+};
+use crate::store::{Full, Store};
+use crate::wire::{KeyReport, LimitReport, Message, RoundFrame};
+
+/// Default round length T (the gossip interval).
+pub const DEFAULT_ROUND: Nanos = 100 * MILLISECOND;
+/// Default settle time δ from a boundary to its instant.
+pub const DEFAULT_SETTLE: Nanos = 25 * MILLISECOND;
+/// A peer whose frames are missing for this many rounds in a row is suspected.
+pub const DEFAULT_SUSPECT_AFTER: u32 = 3;
+/// Every this many rounds a node sends full frames and a digest (anti-entropy).
+pub const DEFAULT_FULL_EVERY: u64 = 10;
+/// A frame repeats the changes of this many rounds, so up to `REPEAT - 1` lost frames in a
+/// row do not break a receiver's view of the sender.
+pub const REPEAT: u64 = 3;
+/// A sliding window log is counted in the cluster per sub-slot of `period / 16`.
+pub const LOG_SUBSLOTS: u64 = 16;
+/// Fixed-point scale of a bucket share: `SHARE_ONE` is the whole rate.
+pub const SHARE_ONE: u64 = 1 << 20;
+/// The demand-independent part of a window lease weight: 1/20 spread evenly (design §3.3.1).
+const WINDOW_FLOOR: u64 = 20;
+/// The demand-independent part of a bucket share: 1/100 spread evenly (design §3.5).
+const BUCKET_FLOOR: u64 = 100;
+
+/// What a side of a partition does with the unreachable members' part of a limit (design §5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnPartition {
+    /// Unreachable members keep their last share: the cluster never admits more than the limit.
+    Hold,
+    /// Once membership declares them dead, each side allots the whole limit among itself.
+    Split,
+}
+
+impl OnPartition {
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OnPartition::Hold => "hold",
+            OnPartition::Split => "split",
+        }
+    }
+}
+
+/// Timing and policy of the round protocol.
+#[derive(Clone, Debug)]
+pub struct Params {
+    /// Round length T.
+    pub round: Nanos,
+    /// Settle δ: how long after a boundary its instant comes (`L + P + ε ≤ δ`).
+    pub settle: Nanos,
+    /// Missing frames in a row before a peer is suspected (M).
+    pub suspect_after: u32,
+    /// Rounds between full frames and anti-entropy digests (K).
+    pub full_every: u64,
+    /// What partitions do.
+    pub on_partition: OnPartition,
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            round: DEFAULT_ROUND,
+            settle: DEFAULT_SETTLE,
+            suspect_after: DEFAULT_SUSPECT_AFTER,
+            full_every: DEFAULT_FULL_EVERY,
+            on_partition: OnPartition::Hold,
+        }
+    }
+}
+
+/// A global rule could not be served with these [`Params`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GlobalError {
+    /// A windowed limit's slots must start on round boundaries.
+    #[error(
+        "rule \"{rule}\": a global {algorithm} needs a period that is a multiple of {need_ms} ms (the gossip interval{extra})"
+    )]
+    Period {
+        /// The rule.
+        rule: String,
+        /// Its algorithm.
+        algorithm: Algorithm,
+        /// The period must be a multiple of this.
+        need_ms: u64,
+        /// Why.
+        extra: &'static str,
+    },
+    /// δ must leave room in the round.
+    #[error("settle time must be shorter than half the round")]
+    Settle,
+}
+
+/// A member of the cluster as the membership layer reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberInfo {
+    /// Its current incarnation.
+    pub actor: Actor,
+    /// Whether the failure detector holds it alive.
+    pub alive: bool,
+}
+
+/// Something for the caller to send.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Output {
+    /// The same message to every member.
+    ToAll(Message),
+    /// A message to one member (by node id).
+    To(String, Message),
+}
+
+/// Why a peer's message was refused (counted by reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Reject {
+    /// The message names a sender other than the authenticated peer.
+    Impostor,
+    /// The sender is not a member (yet).
+    NotMember,
+    /// An older incarnation of a node whose newer one is known.
+    StaleGeneration,
+    /// A round too far from ours (clock skew beyond what rounds tolerate, or a replay).
+    RoundOutOfRange,
+    /// A message kind this node does not expect from peers.
+    Unexpected,
+}
+
+impl Reject {
+    /// The metric label.
+    pub fn name(self) -> &'static str {
+        match self {
+            Reject::Impostor => "impostor",
+            Reject::NotMember => "not_member",
+            Reject::StaleGeneration => "stale_generation",
+            Reject::RoundOutOfRange => "round_out_of_range",
+            Reject::Unexpected => "unexpected",
+        }
+    }
+}
+
+/// Counts of what the round protocol did, for metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Instants at which this node was consistent.
+    pub consistent_rounds: u64,
+    /// Instants at which it was degraded (took no lease).
+    pub degraded_rounds: u64,
+    /// Key reports dropped: unknown rule, wrong shape, absurd or out-of-range counts.
+    pub reports_dropped: u64,
+    /// Dots refused because a peer claimed this node's own actor.
+    pub own_dots_refused: u64,
+    /// Keys that could not be tracked because the store was full.
+    pub store_full: u64,
+}
+
+/// How a limit counts in the cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Fixed,
+    Counter,
+    Log,
+    Bucket,
+}
+
+impl Kind {
+    fn of(limit: &Limit) -> Kind {
+        match limit.algorithm() {
+            Algorithm::FixedWindow => Kind::Fixed,
+            Algorithm::SlidingWindowCounter => Kind::Counter,
+            Algorithm::SlidingWindowLog => Kind::Log,
+            Algorithm::TokenBucket | Algorithm::LeakyBucket => Kind::Bucket,
+        }
+    }
+}
+
+/// One limit of a global rule with what the cluster needs to count it.
+#[derive(Debug)]
+struct GLimit {
+    limit: Limit,
+    kind: Kind,
+    /// Length of one counting slot.
+    slot_len: Nanos,
+    /// The counters' rule label for this limit (`rule`, or `rule#i` for the i-th limit).
+    label: String,
+}
+
+impl GLimit {
+    /// Slots a decision at slot `s` reads, oldest first: `s - span + 1 ..= s`.
+    fn span(&self) -> u64 {
+        match self.kind {
+            Kind::Fixed | Kind::Bucket => 1,
+            Kind::Counter => 2,
+            Kind::Log => LOG_SUBSLOTS + 1,
+        }
+    }
+
+    /// The units the budget counts against `limit` at `now` in slot `s`, given each slot's
+    /// count (design §3.4).
+    fn budget(&self, s: u64, now: Nanos, count: impl Fn(u64) -> u64) -> u64 {
+        match self.kind {
+            Kind::Fixed | Kind::Bucket => count(s),
+            Kind::Counter => {
+                let w = u128::from(self.slot_len);
+                let elapsed =
+                    u128::from(now.saturating_sub(s.saturating_mul(self.slot_len))).min(w);
+                let prev = if s == 0 { 0 } else { count(s - 1) };
+                let weighted = (u128::from(prev) * (w - elapsed)).div_ceil(w);
+                u64::try_from(weighted)
+                    .unwrap_or(u64::MAX)
+                    .saturating_add(count(s))
+            }
+            Kind::Log => (s.saturating_sub(LOG_SUBSLOTS)..=s)
+                .map(&count)
+                .fold(0u64, u64::saturating_add),
+        }
+    }
+
+    fn slot(&self, now: Nanos) -> u64 {
+        now / self.slot_len
+    }
+}
+
+/// One global rule.
+#[derive(Debug)]
+struct GRule {
+    name: String,
+    limits: Vec<GLimit>,
+    store: Store<GKey>,
+}
+
+/// A key's lease of one slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Grant {
+    slot: u64,
+    /// Units this node may admit in `slot` until the next instant.
+    allowance: u64,
+    /// Of which admitted so far.
+    used: u64,
+    /// The part of `allowance` that may also be spent in the gap after the next boundary.
+    credit: u64,
+    /// In the gap: what may still be spent before the instant (published as credit).
+    gap: Option<u64>,
+    /// A starter grant: valid only until the next boundary.
+    starter: bool,
+}
+
+impl Grant {
+    fn spendable(&self) -> u64 {
+        let left = self.allowance.saturating_sub(self.used);
+        self.gap.map_or(left, |g| g.min(left))
+    }
+}
+
+/// A windowed limit's state for one key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct WState {
+    /// This node's admissions per slot, oldest first (live: counted under the shard lock).
+    own: Vec<(u64, u64)>,
+    /// Every other actor's count per slot (ghosts included), as of the last instant.
+    others: Vec<(u64, u64)>,
+    /// Leases of the current slot and of the next one.
+    grants: Vec<Grant>,
+    /// The gap credit published at the last boundary: `(slot, units)`.
+    published_credit: Option<(u64, u64)>,
+}
+
+impl WState {
+    fn own_in(&self, slot: u64) -> u64 {
+        self.own
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    fn others_in(&self, slot: u64) -> u64 {
+        self.others
+            .iter()
+            .find(|(s, _)| *s == slot)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// A bucket limit's state for one key: a local bucket of this node's share.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct BState {
+    /// Tokens in units of `1 / (period × SHARE_ONE)`; negative while shaping reservations
+    /// are outstanding.
+    level: i128,
+    /// When `level` was last brought up to date.
+    at: Nanos,
+    /// This node's share of the rate and capacity, out of [`SHARE_ONE`].
+    share: u64,
+}
+
+impl BState {
+    fn rate(&self, limit: &Limit) -> i128 {
+        i128::from(limit.limit()) * i128::from(self.share.max(1))
+    }
+
+    fn cap(&self, limit: &Limit) -> i128 {
+        let unit = i128::from(limit.period()) * i128::from(SHARE_ONE);
+        let share_cap =
+            i128::from(limit.burst()) * i128::from(self.share) * i128::from(limit.period());
+        share_cap.max(unit)
+    }
+
+    fn level_at(&self, limit: &Limit, now: Nanos) -> i128 {
+        let elapsed = i128::from(now.saturating_sub(self.at));
+        self.level
+            .saturating_add(elapsed.saturating_mul(self.rate(limit)))
+            .min(self.cap(limit))
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum LState {
+    Window(WState),
+    Bucket(BState),
+}
+
+/// What a frame says of one key: demand, and per limit the gap credit `(slot, units)`.
+type Summary = (u64, Vec<Option<(u64, u64)>>);
+
+/// One key of a global rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GKey {
+    /// Cost units that arrived this round (admitted or not): the demand signal.
+    arrivals: u64,
+    /// The smoothed demand published at the last boundary.
+    demand: u64,
+    /// What the last frame said of this key (demand and credits), to send only changes.
+    sent: Option<Summary>,
+    /// Own counts changed since the last frame.
+    counts_dirty: bool,
+    /// The last round whose frame carried a change of this key.
+    changed_in: u64,
+    /// Whether the last instant allotted this key (so it is not idle cluster-wide).
+    known: bool,
+    limits: Box<[LState]>,
+}
+
+impl GKey {
+    fn fresh(rule: &GRule, now: Nanos, participants: u64) -> GKey {
+        let share = SHARE_ONE / participants.max(1);
+        let limits = rule
+            .limits
+            .iter()
+            .map(|l| match l.kind {
+                Kind::Bucket => {
+                    let mut b = BState {
+                        level: 0,
+                        at: now,
+                        share,
+                    };
+                    b.level = b.cap(&l.limit);
+                    LState::Bucket(b)
+                }
+                _ => LState::Window(WState::default()),
+            })
+            .collect();
+        GKey {
+            arrivals: 0,
+            demand: 0,
+            sent: None,
+            counts_dirty: false,
+            changed_in: 0,
+            known: false,
+            limits,
+        }
+    }
+
+    /// Whether forgetting the key changes nothing: no demand, no counts, no lease in use and
+    /// full buckets.
+    fn is_fresh(&self, rule: &GRule, now: Nanos) -> bool {
+        self.arrivals == 0
+            && self.demand == 0
+            && self
+                .sent
+                .as_ref()
+                .is_none_or(|(d, c)| *d == 0 && c.iter().all(Option::is_none))
+            && self.limits.iter().zip(&rule.limits).all(|(s, l)| match s {
+                LState::Window(w) => {
+                    w.own.is_empty()
+                        && w.others.iter().all(|(_, n)| *n == 0)
+                        && w.grants.iter().all(|g| g.used == 0)
+                }
+                LState::Bucket(b) => b.level_at(&l.limit, now) >= b.cap(&l.limit),
+            })
+    }
+}
+
+/// The phase the check path reads without the round lock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Phase {
+    /// Between an instant and the next boundary.
+    open: bool,
+    /// The last instant was consistent.
+    consistent: bool,
+}
+
+/// A peer as the round protocol tracks it.
+#[derive(Debug)]
+struct Peer {
+    actor: Actor,
+    alive: bool,
+    /// Frames received, by round, not yet applied.
+    frames: BTreeMap<u64, RoundFrame>,
+    /// The last round through which this node holds the peer's complete reports.
+    complete_to: Option<u64>,
+    /// The last round whose frame was applied (older frames arriving late are ignored).
+    applied: Option<u64>,
+    /// The view hash of each applied round, for the consistency check (last few only).
+    views: BTreeMap<u64, u64>,
+    /// Rounds missed in a row.
+    missed: u32,
+    suspected: bool,
+    /// Last report per (rule index, key): demand and per-limit credit.
+    reports: HashMap<(usize, String), Summary>,
+    /// A repair from this peer has been applied since it (re)appeared.
+    pulled: bool,
+}
+
+impl Peer {
+    fn new(actor: Actor, alive: bool) -> Peer {
+        Peer {
+            actor,
+            alive,
+            frames: BTreeMap::new(),
+            complete_to: None,
+            applied: None,
+            views: BTreeMap::new(),
+            missed: 0,
+            suspected: false,
+            reports: HashMap::new(),
+            pulled: false,
+        }
+    }
+}
+
+/// What a fully consistent instant allotted a key's windowed limit, kept so that the sides
+/// of a later partition can charge the unreachable members a ghost (design §5, `hold`).
+#[derive(Clone, Debug)]
+struct HoldRecord {
+    slot: u64,
+    /// Per node: its count in `slot` at the boundary plus the credit and lease it held.
+    claims: BTreeMap<String, u64>,
+    /// Per node: its demand weight (numerator over `den`).
+    weights: BTreeMap<String, u128>,
+    den: u128,
+    /// Room left unallotted.
+    room: u64,
+}
+
+/// State only the round task touches.
+#[derive(Debug)]
+struct RoundState {
+    counters: Counters,
+    peers: BTreeMap<String, Peer>,
+    /// The last boundary processed.
+    boundary: Option<u64>,
+    /// The last instant processed.
+    instant: Option<u64>,
+    /// The view hash this node published at each recent boundary.
+    my_views: BTreeMap<u64, u64>,
+    /// Hold records per (rule index, key, limit index), from the last fully consistent instant.
+    holds: HashMap<(usize, String, usize), HoldRecord>,
+    stats: Stats,
+    /// The view changed since the last boundary: send full frames.
+    view_changed: bool,
+}
+
+/// Global admission for every global rule of a node. See the module docs.
+#[derive(Debug)]
+pub struct Global {
+    me: Actor,
+    params: Params,
+    rules: Vec<GRule>,
+    by_name: HashMap<String, usize>,
+    /// [`Phase`] packed: bit 0 open, bit 1 consistent.
+    phase: AtomicU64,
+    /// Participants (this node included) at the last instant.
+    participants: AtomicU64,
+    round: Mutex<RoundState>,
+}
+
+impl Global {
+    /// Global admission for `rules` (name, limits) as node incarnation `me`. Keys count
+    /// against `keys` / `max_keys` like the engine's local keys.
+    pub fn new(
+        me: Actor,
+        params: Params,
+        rules: Vec<(String, Vec<Limit>)>,
+        keys: Arc<AtomicUsize>,
+        max_keys: usize,
+    ) -> Result<Global, GlobalError> {
+        if params.settle.saturating_mul(2) >= params.round {
+            return Err(GlobalError::Settle);
+        }
+        let mut grules = Vec::new();
+        for (name, limits) in rules {
+            let mut glimits = Vec::new();
+            for (i, limit) in limits.into_iter().enumerate() {
+                let kind = Kind::of(&limit);
+                let (slot_len, need, extra) = match kind {
+                    Kind::Log => (
+                        limit.period() / LOG_SUBSLOTS,
+                        params.round * LOG_SUBSLOTS,
+                        " × 16: the log is counted in 16 sub-slots",
+                    ),
+                    Kind::Fixed | Kind::Counter => (limit.period(), params.round, ""),
+                    Kind::Bucket => (limit.period(), 1, ""),
+                };
+                if limit.period() % need != 0 {
+                    return Err(GlobalError::Period {
+                        rule: name,
+                        algorithm: limit.algorithm(),
+                        need_ms: need / MILLISECOND,
+                        extra,
+                    });
+                }
+                let label = if i == 0 {
+                    name.clone()
+                } else {
+                    format!("{name}#{i}")
+                };
+                glimits.push(GLimit {
+                    limit,
+                    kind,
+                    slot_len,
+                    label,
+                });
+            }
+            grules.push(GRule {
+                name,
+                limits: glimits,
+                store: Store::new(keys.clone(), max_keys),
+            });
+        }
+        let by_name = grules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.name.clone(), i))
+            .collect();
+        Ok(Global {
+            round: Mutex::new(RoundState {
+                counters: Counters::new(me.clone()),
+                peers: BTreeMap::new(),
+                boundary: None,
+                instant: None,
+                my_views: BTreeMap::new(),
+                holds: HashMap::new(),
+                stats: Stats::default(),
+                view_changed: true,
+            }),
+            me,
+            params,
+            rules: grules,
+            by_name,
+            phase: AtomicU64::new(0),
+            participants: AtomicU64::new(1),
+        })
+    }
+
+    /// This node's actor.
+    pub fn me(&self) -> &Actor {
+        &self.me
+    }
+
+    /// The protocol parameters.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// The index of the global rule `name`.
+    pub fn rule_index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    fn phase(&self) -> Phase {
+        let p = self.phase.load(Ordering::Acquire);
+        Phase {
+            open: p & 1 != 0,
+            consistent: p & 2 != 0,
+        }
+    }
+
+    fn set_phase(&self, p: Phase) {
+        self.phase.store(
+            u64::from(p.open) | (u64::from(p.consistent) << 1),
+            Ordering::Release,
+        );
+    }
+
+    fn lock(&self) -> MutexGuard<'_, RoundState> {
+        self.round.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Time until the next instant after `now` (what a denied check waits for a new lease).
+    fn until_instant(&self, now: Nanos) -> Nanos {
+        let t = self.params.round;
+        let start = now - now % t;
+        let instant = start + self.params.settle;
+        if now < instant {
+            instant - now
+        } else {
+            start + t + self.params.settle - now
+        }
+    }
+
+    /// May `key` spend `cost` under global rule `rule` (an index from
+    /// [`Global::rule_index`]) at `now`? Charges it if admitted. Same contract as
+    /// [`KeyState::check`](crate::limiter::KeyState::check): the index of the most
+    /// restrictive limit and its decision.
+    pub fn check(
+        &self,
+        rule: usize,
+        key: &str,
+        cost: u64,
+        max_wait: Nanos,
+        now: Nanos,
+    ) -> Result<(usize, Decision), Full> {
+        let r = &self.rules[rule];
+        let phase = self.phase();
+        let n = self.participants.load(Ordering::Relaxed);
+        r.store.update(
+            key,
+            now,
+            || GKey::fresh(r, now, n),
+            |k| k.is_fresh(r, now),
+            |k| self.decide(r, k, cost, max_wait, now, phase, n, true),
+        )
+    }
+
+    /// Where `key` stands under global rule `rule` at `now`: what a check of cost 1 would
+    /// get, charging nothing.
+    pub fn status(&self, rule: usize, key: &str, now: Nanos) -> (usize, Decision) {
+        let r = &self.rules[rule];
+        let phase = self.phase();
+        let n = self.participants.load(Ordering::Relaxed);
+        r.store.read(key, |k| {
+            let mut k = k.cloned().unwrap_or_else(|| GKey::fresh(r, now, n));
+            let (i, mut d) = self.decide(r, &mut k, 1, 0, now, phase, n, false);
+            let (_, current) = self.decide(r, &mut k, 0, 0, now, phase, n, false);
+            if let Verdict::Admit { .. } = d.verdict {
+                d.verdict = Verdict::Admit { wait: 0 };
+            }
+            d.remaining = current.remaining;
+            (i, d)
+        })
+    }
+
+    /// Decides (and with `charge`, charges) one key. Admitted only if every limit admits.
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &self,
+        rule: &GRule,
+        key: &mut GKey,
+        cost: u64,
+        max_wait: Nanos,
+        now: Nanos,
+        phase: Phase,
+        participants: u64,
+        charge: bool,
+    ) -> (usize, Decision) {
+        let mut index = 0;
+        let mut worst: Option<Decision> = None;
+        let mut wait = 0;
+        for (i, (l, s)) in rule.limits.iter().zip(key.limits.iter()).enumerate() {
+            let d = match s {
+                LState::Window(w) => {
+                    self.decide_window(l, w, key.known, cost, now, phase, participants)
+                }
+                LState::Bucket(b) => decide_bucket(l, b, cost, max_wait, now),
+            };
+            wait = wait.max(admit_wait(&d));
+            if worst.is_none_or(|w| more_restrictive(&d, &w)) {
+                index = i;
+                worst = Some(d);
+            }
+        }
+        let Some(mut decision) = worst else {
+            unreachable!("a rule always has at least one limit")
+        };
+        if charge && cost > 0 && !matches!(decision.verdict, Verdict::Never) {
+            key.arrivals = key.arrivals.saturating_add(cost);
+        }
+        if let Verdict::Admit { .. } = decision.verdict {
+            decision.verdict = Verdict::Admit { wait };
+            if charge && cost > 0 {
+                let known = key.known;
+                for (l, s) in rule.limits.iter().zip(key.limits.iter_mut()) {
+                    match s {
+                        LState::Window(w) => {
+                            commit_window(l, w, known, cost, now, participants);
+                            key.counts_dirty = true;
+                        }
+                        LState::Bucket(b) => {
+                            let level = b.level_at(&l.limit, now);
+                            b.level = level - unit_cost(&l.limit, cost);
+                            b.at = b.at.max(now);
+                        }
+                    }
+                }
+            }
+        }
+        (index, decision)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn decide_window(
+        &self,
+        l: &GLimit,
+        w: &WState,
+        known: bool,
+        cost: u64,
+        now: Nanos,
+        phase: Phase,
+        participants: u64,
+    ) -> Decision {
+        let c = l.limit.limit();
+        let s = l.slot(now);
+        let used = l.budget(s, now, |x| w.own_in(x).saturating_add(w.others_in(x)));
+        let remaining = c.saturating_sub(used);
+        let slot_end = (s + 1) * l.slot_len;
+        let reset_after = slot_end - now + (l.span() - 1) * l.slot_len;
+        let mut decision = Decision {
+            verdict: Verdict::Admit { wait: 0 },
+            limit: c,
+            remaining: remaining.saturating_sub(cost),
+            reset_after,
+        };
+        if cost > c {
+            decision.verdict = Verdict::Never;
+            decision.remaining = remaining;
+            return decision;
+        }
+        let spendable = match w.grants.iter().find(|g| g.slot == s) {
+            Some(g) => g.spendable(),
+            None if starter_allowed(w, known, phase) => c / participants.max(1),
+            None => 0,
+        };
+        if cost <= spendable.min(remaining) {
+            return decision;
+        }
+        let retry_after = if remaining < cost {
+            (slot_end - now).max(self.until_instant(now))
+        } else {
+            self.until_instant(now)
+        };
+        decision.verdict = Verdict::Deny { retry_after };
+        decision.remaining = remaining;
+        decision
+    }
+
+    /// Brings membership up to date: every member but this node, with its current actor.
+    /// A peer that is new (or back with a new incarnation) gets a digest at once, so it
+    /// repairs this node's view and this node learns its counts.
+    pub fn set_members(&self, members: &[MemberInfo]) -> Vec<Output> {
+        let mut st = self.lock();
+        let mut out = Vec::new();
+        let listed: HashSet<&str> = members.iter().map(|m| m.actor.node.as_str()).collect();
+        let before = st.peers.len();
+        st.peers.retain(|node, _| listed.contains(node.as_str()));
+        let mut changed = st.peers.len() != before;
+        for m in members {
+            if m.actor.node == self.me.node {
+                continue;
+            }
+            match st.peers.get_mut(&m.actor.node) {
+                Some(p) if p.actor.generation > m.actor.generation => {}
+                Some(p) if p.actor == m.actor => {
+                    if p.alive != m.alive {
+                        p.alive = m.alive;
+                        changed = true;
+                    }
+                }
+                _ => {
+                    st.peers
+                        .insert(m.actor.node.clone(), Peer::new(m.actor.clone(), m.alive));
+                    changed = true;
+                    let digest = st.counters.digest();
+                    out.push(Output::To(
+                        m.actor.node.clone(),
+                        Message::Digest {
+                            from: self.me.clone(),
+                            digest,
+                        },
+                    ));
+                }
+            }
+        }
+        if changed {
+            st.view_changed = true;
+        }
+        out
+    }
+
+    /// Whether this node has pulled the cluster's state: a repair from every live peer is in
+    /// (or it has no live peer).
+    pub fn pulled(&self) -> bool {
+        let st = self.lock();
+        st.peers.values().filter(|p| p.alive).all(|p| p.pulled)
+    }
+
+    /// Whether at least one peer's repair is in, or there is no peer.
+    pub fn pulled_any(&self) -> bool {
+        let st = self.lock();
+        st.peers.is_empty() || st.peers.values().any(|p| p.pulled)
+    }
+
+    /// Handles one message from the authenticated peer `peer`.
+    pub fn receive(&self, peer: &str, message: Message, now: Nanos) -> Result<Vec<Output>, Reject> {
+        let mut st = self.lock();
+        let current = now / self.params.round;
+        let from = match &message {
+            Message::Round(f) => &f.from,
+            Message::Digest { from, .. } | Message::Repair { from, .. } => from,
+            Message::Hello { .. } => return Err(Reject::Unexpected),
+        };
+        if from.node != peer || from.node == self.me.node {
+            return Err(Reject::Impostor);
+        }
+        let Some(p) = st.peers.get_mut(peer) else {
+            return Err(Reject::NotMember);
+        };
+        if from.generation < p.actor.generation {
+            return Err(Reject::StaleGeneration);
+        }
+        if from.generation > p.actor.generation {
+            // Restarted before membership told us: it is a new actor.
+            *p = Peer::new(from.clone(), true);
+            st.view_changed = true;
+        }
+        match message {
+            Message::Round(frame) => {
+                if frame.round + 2 < current || frame.round > current + 2 {
+                    return Err(Reject::RoundOutOfRange);
+                }
+                let Some(p) = st.peers.get_mut(peer) else {
+                    return Err(Reject::NotMember);
+                };
+                p.frames.insert(frame.round, frame);
+                while p.frames.len() > 4 {
+                    p.frames.pop_first();
+                }
+                Ok(Vec::new())
+            }
+            Message::Digest { digest, .. } => {
+                let entries = st.counters.repair_for(&digest);
+                Ok(vec![Output::To(
+                    peer.to_owned(),
+                    Message::Repair {
+                        from: self.me.clone(),
+                        entries,
+                    },
+                )])
+            }
+            Message::Repair { entries, .. } => {
+                let entries = entries
+                    .into_iter()
+                    .filter(|(slot, _)| self.slot_in_range(slot, now))
+                    .collect::<Vec<_>>();
+                let before = st.counters.refused();
+                st.counters.apply_all(entries);
+                st.stats.own_dots_refused += st.counters.refused() - before;
+                if let Some(p) = st.peers.get_mut(peer) {
+                    p.pulled = true;
+                }
+                Ok(Vec::new())
+            }
+            Message::Hello { .. } => Err(Reject::Unexpected),
+        }
+    }
+
+    /// Whether a slot is one a decision can read now or next (not the future, not forgotten).
+    fn slot_in_range(&self, slot: &SlotId, now: Nanos) -> bool {
+        self.rules.iter().any(|r| {
+            r.limits.iter().any(|l| {
+                l.label == slot.rule && {
+                    let s = l.slot(now);
+                    slot.slot <= s + 1 && slot.slot + l.span() + 1 > s
+                }
+            })
+        })
+    }
+
+    /// When [`Global::tick`] next has work: the next boundary or instant after `now`.
+    pub fn next_tick(&self, now: Nanos) -> Nanos {
+        let t = self.params.round;
+        let start = now - now % t;
+        let st = self.lock();
+        let n = start / t;
+        if st.boundary != Some(n) {
+            return now;
+        }
+        if st.instant != Some(n) {
+            return (start + self.params.settle).max(now);
+        }
+        start + t
+    }
+
+    /// Runs whatever boundary or instant is due at `now`, returning what to send.
+    pub fn tick(&self, now: Nanos) -> Vec<Output> {
+        let t = self.params.round;
+        let n = now / t;
+        let mut out = Vec::new();
+        let mut st = self.lock();
+        if st.boundary.is_none_or(|b| b < n) {
+            out.extend(self.boundary(&mut st, n, now));
+        }
+        if st.instant.is_none_or(|i| i < n) && now >= n * t + self.params.settle {
+            self.instant(&mut st, n, now);
+        }
+        out
+    }
+
+    /// This node's view hash: every participant (this node included) in node order, with
+    /// whether it is suspected. Nodes with the same view compute the same allocation.
+    fn view(&self, st: &RoundState) -> u64 {
+        let mut all: Vec<(&str, u64, bool)> = st
+            .peers
+            .iter()
+            .filter(|(_, p)| self.participates(p))
+            .map(|(node, p)| (node.as_str(), p.actor.generation, p.suspected))
+            .collect();
+        all.push((&self.me.node, self.me.generation, false));
+        all.sort_unstable();
+        let mut h = Fnv::new();
+        for (node, generation, suspected) in all {
+            h.str(node);
+            h.u64(generation);
+            h.u64(u64::from(suspected));
+        }
+        h.finish()
+    }
+
+    /// Whether a peer is part of the allocation (reachable, or held per the partition mode).
+    fn participates(&self, p: &Peer) -> bool {
+        !p.suspected || self.params.on_partition == OnPartition::Hold || p.alive
+    }
+
+    /// The boundary of round `n`: snapshot own counts, publish the frame, open the gap.
+    fn boundary(&self, st: &mut RoundState, n: u64, now: Nanos) -> Vec<Output> {
+        self.set_phase(Phase {
+            open: false,
+            consistent: self.phase().consistent,
+        });
+        let full = st.view_changed || n % self.params.full_every.max(1) == 0;
+        st.view_changed = false;
+        let boundary_time = n * self.params.round;
+        let mut keys = Vec::new();
+        for r in &self.rules {
+            r.store.visit(|key, k| {
+                k.demand = (k.demand + k.arrivals) / 2;
+                k.arrivals = 0;
+                let mut credits = Vec::with_capacity(r.limits.len());
+                let mut limits = Vec::with_capacity(r.limits.len());
+                for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
+                    let LState::Window(w) = s else {
+                        credits.push(None);
+                        limits.push(LimitReport::default());
+                        continue;
+                    };
+                    let cur = l.slot(boundary_time);
+                    let oldest = cur.saturating_sub(l.span());
+                    w.own.retain(|(slot, _)| *slot >= oldest);
+                    w.others.retain(|(slot, _)| *slot >= oldest);
+                    w.grants.retain(|g| g.slot >= cur);
+                    let mut credit = None;
+                    for g in &mut w.grants {
+                        if g.starter {
+                            g.allowance = g.used;
+                            g.starter = false;
+                        }
+                        let left = g.credit.min(g.allowance.saturating_sub(g.used));
+                        g.gap = Some(left);
+                        if g.slot == cur && left > 0 {
+                            credit = Some((cur, left));
+                        }
+                    }
+                    w.published_credit = credit;
+                    for &(slot, count) in &w.own {
+                        let id = SlotId::new(l.label.clone(), key, slot);
+                        let have = st.counters.own(&id);
+                        if count > have {
+                            st.counters.add(id, count - have);
+                        }
+                    }
+                    credits.push(credit);
+                    limits.push(LimitReport {
+                        counts: w.own.clone(),
+                        credit,
+                    });
+                }
+                let summary = (k.demand, credits);
+                if k.counts_dirty || k.sent.as_ref() != Some(&summary) {
+                    k.changed_in = n;
+                }
+                if full || k.changed_in + REPEAT > n {
+                    keys.push(KeyReport {
+                        rule: r.name.clone(),
+                        key: key.to_owned(),
+                        demand: k.demand,
+                        limits,
+                    });
+                }
+                k.counts_dirty = false;
+                let idle = summary.0 == 0 && summary.1.iter().all(Option::is_none);
+                k.sent = if idle { None } else { Some(summary) };
+                !k.is_fresh(r, now)
+            });
+        }
+        let view = self.view(st);
+        st.my_views.insert(n, view);
+        while st.my_views.len() > 4 {
+            st.my_views.pop_first();
+        }
+        st.boundary = Some(n);
+        let mut out = vec![Output::ToAll(Message::Round(RoundFrame {
+            from: self.me.clone(),
+            round: n,
+            view,
+            since: (!full).then(|| n.saturating_sub(REPEAT - 1)),
+            keys,
+        }))];
+        if n % self.params.full_every.max(1) == 0 && !st.peers.is_empty() {
+            out.push(Output::ToAll(Message::Digest {
+                from: self.me.clone(),
+                digest: st.counters.digest(),
+            }));
+        }
+        out
+    }
+
+    /// Applies a peer's frame: its counts as dots, its reports as the latest inputs.
+    fn apply_frame(&self, st: &mut RoundState, node: &str, frame: RoundFrame, now: Nanos) {
+        let RoundState {
+            counters,
+            peers,
+            stats,
+            ..
+        } = st;
+        let Some(p) = peers.get_mut(node) else { return };
+        if frame.from != p.actor || p.applied.is_some_and(|a| a >= frame.round) {
+            return;
+        }
+        p.applied = Some(frame.round);
+        match frame.since {
+            None => {
+                p.reports.clear();
+                p.complete_to = Some(frame.round);
+            }
+            Some(since) => {
+                if p.complete_to
+                    .is_some_and(|c| c + 1 >= since && c < frame.round)
+                {
+                    p.complete_to = Some(frame.round);
+                }
+            }
+        }
+        p.views.insert(frame.round, frame.view);
+        while p.views.len() > 4 {
+            p.views.pop_first();
+        }
+        let members = (peers.len() + 1) as u64;
+        let Some(p) = peers.get_mut(node) else { return };
+        for report in frame.keys {
+            let Some(&ri) = self.by_name.get(&report.rule) else {
+                stats.reports_dropped += 1;
+                continue;
+            };
+            let rule = &self.rules[ri];
+            if report.limits.len() != rule.limits.len() {
+                stats.reports_dropped += 1;
+                continue;
+            }
+            let mut credits = Vec::with_capacity(rule.limits.len());
+            let mut bad = false;
+            for (l, lr) in rule.limits.iter().zip(&report.limits) {
+                let cur = l.slot(now);
+                let ceiling = l.limit.limit().saturating_mul(members);
+                for &(slot, count) in &lr.counts {
+                    if slot > cur + 1 || slot + l.span() < cur || count > ceiling {
+                        bad = true;
+                        continue;
+                    }
+                    let before = counters.refused();
+                    counters.apply(
+                        SlotId::new(l.label.clone(), report.key.clone(), slot),
+                        Dot::new(frame.from.clone(), count),
+                    );
+                    stats.own_dots_refused += counters.refused() - before;
+                }
+                credits.push(lr.credit.filter(|&(_, c)| c <= l.limit.limit()));
+            }
+            if bad {
+                stats.reports_dropped += 1;
+            }
+            let idle = report.demand == 0 && credits.iter().all(Option::is_none);
+            let entry = (ri, report.key);
+            if idle {
+                p.reports.remove(&entry);
+            } else {
+                p.reports.insert(entry.clone(), (report.demand, credits));
+            }
+            if rule
+                .store
+                .update(
+                    &entry.1,
+                    now,
+                    || GKey::fresh(rule, now, members),
+                    |_| false,
+                    |_| (),
+                )
+                .is_err()
+            {
+                stats.store_full += 1;
+            }
+        }
+    }
+
+    /// The instant of round `n`: apply frames, decide consistency, allot leases and shares.
+    fn instant(&self, st: &mut RoundState, n: u64, now: Nanos) {
+        // Apply every buffered frame up to round n, in round order.
+        let nodes: Vec<String> = st.peers.keys().cloned().collect();
+        for node in &nodes {
+            let frames = match st.peers.get_mut(node) {
+                Some(p) => {
+                    let later = p.frames.split_off(&(n + 1));
+                    std::mem::replace(&mut p.frames, later)
+                }
+                None => continue,
+            };
+            for (_, frame) in frames {
+                self.apply_frame(st, node, frame, now);
+            }
+        }
+        // Suspicion and consistency.
+        let my_view = st.my_views.get(&n).copied();
+        let mut consistent = my_view.is_some() && st.boundary == Some(n);
+        let mut suspicion_changed = false;
+        for p in st.peers.values_mut() {
+            let has = p.complete_to == Some(n) || p.views.contains_key(&n);
+            if has {
+                p.missed = 0;
+                if p.suspected {
+                    p.suspected = false;
+                    suspicion_changed = true;
+                }
+            } else {
+                p.missed = p.missed.saturating_add(1);
+                if !p.suspected && p.missed >= self.params.suspect_after {
+                    p.suspected = true;
+                    suspicion_changed = true;
+                }
+            }
+            if !p.suspected && (p.complete_to != Some(n) || p.views.get(&n).copied() != my_view) {
+                consistent = false;
+            }
+        }
+        if suspicion_changed {
+            st.view_changed = true;
+        }
+        let all_reachable = st.peers.values().all(|p| !p.suspected);
+        let participants = 1 + st.peers.values().filter(|p| self.participates(p)).count() as u64;
+        self.participants.store(participants, Ordering::Relaxed);
+        if consistent {
+            st.stats.consistent_rounds += 1;
+        } else {
+            st.stats.degraded_rounds += 1;
+        }
+        // Every key a participant reports on is allotted here too, so it never looks idle.
+        let members = participants;
+        for p in st.peers.values() {
+            if !self.participates(p) {
+                continue;
+            }
+            for (ri, key) in p.reports.keys() {
+                let rule = &self.rules[*ri];
+                if rule
+                    .store
+                    .update(
+                        key,
+                        now,
+                        || GKey::fresh(rule, now, members),
+                        |_| false,
+                        |_| (),
+                    )
+                    .is_err()
+                {
+                    st.stats.store_full += 1;
+                }
+            }
+        }
+        // Allot every key.
+        let boundary_next = (n + 1) * self.params.round;
+        for (ri, r) in self.rules.iter().enumerate() {
+            r.store.visit(|key, k| {
+                k.known = true;
+                let demands = self.demands(st, ri, key, k);
+                for (li, (l, s)) in r.limits.iter().zip(k.limits.iter_mut()).enumerate() {
+                    match s {
+                        LState::Window(w) => {
+                            if consistent {
+                                self.lease(
+                                    st,
+                                    (ri, key, li),
+                                    l,
+                                    w,
+                                    &demands,
+                                    now,
+                                    boundary_next,
+                                    all_reachable,
+                                );
+                            } else {
+                                // Degraded: only the published gap credit remains.
+                                for g in &mut w.grants {
+                                    let left = g.gap.unwrap_or(0);
+                                    g.allowance = g.used.saturating_add(left);
+                                    g.credit = left;
+                                    g.gap = None;
+                                }
+                                self.copy_others(st, l, key, w, now);
+                            }
+                        }
+                        LState::Bucket(b) => {
+                            if consistent {
+                                let level = b.level_at(&l.limit, now);
+                                b.share = bucket_share(&demands);
+                                b.level = level.min(b.cap(&l.limit));
+                                b.at = b.at.max(now);
+                            }
+                        }
+                    }
+                }
+                true
+            });
+        }
+        // Forget slots no decision can read any more.
+        for r in &self.rules {
+            for l in &r.limits {
+                let cur = l.slot(now);
+                st.counters
+                    .forget_before(&l.label, cur.saturating_sub(l.span()));
+            }
+        }
+        st.counters.clear_changes();
+        st.instant = Some(n);
+        self.set_phase(Phase {
+            open: true,
+            consistent,
+        });
+    }
+
+    /// Every participant's published demand for a key: `(node, demand, reachable)`, this node
+    /// first, then peers by node id.
+    fn demands(&self, st: &RoundState, ri: usize, key: &str, k: &GKey) -> Vec<(String, u64, bool)> {
+        let mut out = vec![(self.me.node.clone(), k.demand, true)];
+        for (node, p) in &st.peers {
+            if !self.participates(p) {
+                continue;
+            }
+            let demand = p.reports.get(&(ri, key.to_owned())).map_or(0, |(d, _)| *d);
+            out.push((node.clone(), demand, !p.suspected));
+        }
+        out
+    }
+
+    /// Copies everyone else's counts (ghosts included) into the key for `remaining`.
+    fn copy_others(&self, st: &RoundState, l: &GLimit, key: &str, w: &mut WState, now: Nanos) {
+        let cur = l.slot(now);
+        w.others = (cur.saturating_sub(l.span() - 1)..=cur + 1)
+            .map(|x| {
+                let id = SlotId::new(l.label.clone(), key, x);
+                (x, st.counters.others(&id))
+            })
+            .filter(|(_, c)| *c > 0)
+            .collect();
+    }
+
+    /// A consistent instant's lease for one windowed limit of one key (design §3.3.1).
+    #[allow(clippy::too_many_arguments)]
+    fn lease(
+        &self,
+        st: &mut RoundState,
+        (ri, key, li): (usize, &str, usize),
+        l: &GLimit,
+        w: &mut WState,
+        demands: &[(String, u64, bool)],
+        now: Nanos,
+        boundary_next: Nanos,
+        all_reachable: bool,
+    ) {
+        let c = l.limit.limit();
+        let cur = l.slot(now);
+        let next = l.slot(boundary_next);
+        let hold_key = (ri, key.to_owned(), li);
+        let record = if all_reachable {
+            None
+        } else {
+            st.holds.get(&hold_key).cloned()
+        };
+        // Counts per slot: everyone known, with unreachable held members charged their ghost.
+        let participants = demands.len() as u128;
+        let count = |x: u64| -> u64 {
+            let id = SlotId::new(l.label.clone(), key, x);
+            let mut total = st.counters.total(&id);
+            for (node, p) in &st.peers {
+                if !(p.suspected && self.participates(p)) {
+                    continue;
+                }
+                let known = st.counters.count(&id, &p.actor);
+                let ghost = match &record {
+                    Some(rec) if x == rec.slot => {
+                        let share = rec.weights.get(node).copied().unwrap_or(0);
+                        rec.claims.get(node).copied().unwrap_or(0).saturating_add(
+                            u64::try_from(u128::from(rec.room) * share / rec.den.max(1))
+                                .unwrap_or(u64::MAX),
+                        )
+                    }
+                    Some(rec) if x > rec.slot => {
+                        let share = rec.weights.get(node).copied().unwrap_or(0);
+                        u64::try_from((u128::from(c) * share).div_ceil(rec.den.max(1)))
+                            .unwrap_or(u64::MAX)
+                    }
+                    Some(_) => known,
+                    None => u64::try_from(u128::from(c).div_ceil(participants)).unwrap_or(c),
+                };
+                total = total - known.min(total) + known.max(ghost);
+            }
+            total
+        };
+        // Published gap credits of reachable members for the current slot.
+        let my_published = w.published_credit;
+        let credit_of = |node: &str| -> u64 {
+            if node == self.me.node {
+                return my_published
+                    .filter(|(s, _)| *s == cur)
+                    .map_or(0, |(_, c)| c);
+            }
+            st.peers
+                .get(node)
+                .filter(|p| !p.suspected)
+                .and_then(|p| p.reports.get(&(ri, key.to_owned())))
+                .and_then(|(_, credits)| credits.get(li).copied().flatten())
+                .filter(|(s, _)| *s == cur)
+                .map_or(0, |(_, c)| c)
+        };
+        let gap_credits: u64 = demands
+            .iter()
+            .filter(|d| d.2)
+            .map(|d| credit_of(&d.0))
+            .sum();
+        let a = l.budget(cur, now, count);
+        let room = c.saturating_sub(a).saturating_sub(gap_credits);
+        // Next gap's credits: from this slot's room, or the next slot's if the slot turns.
+        let reachable: Vec<&(String, u64, bool)> = demands.iter().filter(|d| d.2).collect();
+        let credit_room = if next == cur {
+            room / 4
+        } else {
+            let upper = |x: u64| {
+                if x == cur {
+                    count(x).saturating_add(gap_credits).saturating_add(room)
+                } else {
+                    count(x)
+                }
+            };
+            c.saturating_sub(l.budget(next, boundary_next, upper)) / 4
+        };
+        let mut credits: Vec<u64> = reachable
+            .iter()
+            .map(|d| {
+                let want = u128::from(d.1) * 2 * u128::from(self.params.settle);
+                u64::try_from(want.div_ceil(u128::from(self.params.round))).unwrap_or(u64::MAX)
+            })
+            .collect();
+        let wanted: u64 = credits.iter().copied().fold(0, u64::saturating_add);
+        if wanted > credit_room {
+            for cr in &mut credits {
+                *cr = u64::try_from(u128::from(*cr) * u128::from(credit_room) / u128::from(wanted))
+                    .unwrap_or(0);
+            }
+        }
+        let credit_total: u64 = credits.iter().sum();
+        let pool = if next == cur {
+            room - credit_total.min(room)
+        } else {
+            room
+        };
+        // Leases by demand weight among the reachable members.
+        let weights = lease_weights(&reachable.iter().map(|d| d.1).collect::<Vec<_>>());
+        let den: u128 = weights.iter().sum();
+        let mut leases: Vec<u64> = weights
+            .iter()
+            .map(|&wt| u64::try_from(u128::from(pool) * wt / den.max(1)).unwrap_or(0))
+            .collect();
+        let mut left = pool - leases.iter().sum::<u64>().min(pool);
+        if left > 0 {
+            let mut order: Vec<usize> = (0..leases.len()).collect();
+            order.sort_by_key(|&i| {
+                let mut h = Fnv::new();
+                h.str(&l.label);
+                h.str(key);
+                h.u64(cur);
+                h.u64(now / self.params.round);
+                h.str(&reachable[i].0);
+                h.finish()
+            });
+            for i in order.into_iter().cycle() {
+                if left == 0 {
+                    break;
+                }
+                leases[i] += 1;
+                left -= 1;
+            }
+        }
+        // This node is first in `demands`, so first among the reachable.
+        let (my_lease, my_credit) = (leases[0], credits[0]);
+        w.grants.clear();
+        if next == cur {
+            w.grants.push(Grant {
+                slot: cur,
+                allowance: my_lease + my_credit,
+                used: 0,
+                credit: my_credit,
+                gap: None,
+                starter: false,
+            });
+        } else {
+            w.grants.push(Grant {
+                slot: cur,
+                allowance: my_lease,
+                used: 0,
+                credit: 0,
+                gap: None,
+                starter: false,
+            });
+            w.grants.push(Grant {
+                slot: next,
+                allowance: my_credit,
+                used: 0,
+                credit: my_credit,
+                gap: None,
+                starter: false,
+            });
+        }
+        self.copy_others(st, l, key, w, now);
+        if all_reachable {
+            let mut claims = BTreeMap::new();
+            let mut wts = BTreeMap::new();
+            for (i, d) in reachable.iter().enumerate() {
+                let id = SlotId::new(l.label.clone(), key, cur);
+                let actor = if d.0 == self.me.node {
+                    Some(self.me.clone())
+                } else {
+                    st.peers.get(&d.0).map(|p| p.actor.clone())
+                };
+                let counted = actor.map_or(0, |a| st.counters.count(&id, &a));
+                let claim = counted
+                    .saturating_add(credit_of(&d.0))
+                    .saturating_add(leases[i])
+                    .saturating_add(if next == cur { credits[i] } else { 0 });
+                claims.insert(d.0.clone(), claim);
+                wts.insert(d.0.clone(), weights[i]);
+            }
+            st.holds.insert(
+                hold_key,
+                HoldRecord {
+                    slot: cur,
+                    claims,
+                    weights: wts,
+                    den,
+                    room: 0,
+                },
+            );
+        }
+    }
+
+    /// Counts of what the round protocol did.
+    pub fn stats(&self) -> Stats {
+        self.lock().stats.clone()
+    }
+
+    /// The cluster-wide count this node knows for a windowed limit's slot (tests, status).
+    pub fn known_total(&self, rule: &str, limit: usize, key: &str, slot: u64) -> u64 {
+        let Some(&ri) = self.by_name.get(rule) else {
+            return 0;
+        };
+        let Some(l) = self.rules[ri].limits.get(limit) else {
+            return 0;
+        };
+        self.lock()
+            .counters
+            .total(&SlotId::new(l.label.clone(), key, slot))
+    }
+
+    /// Peers this node suspects now.
+    pub fn suspected(&self) -> Vec<String> {
+        self.lock()
+            .peers
+            .iter()
+            .filter(|(_, p)| p.suspected)
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Sweeps keys that no longer matter (see [`Global::tick`] for the ones the rounds keep).
+    pub fn active_keys(&self) -> usize {
+        self.rules.iter().map(|r| r.store.len()).sum()
+    }
+}
+
+/// Whether a key nobody holds a lease for may be admitted on first touch (design §3.3.1,
+/// starters): the last instant was consistent and did not know the key, and it is not the gap.
+fn starter_allowed(w: &WState, known: bool, phase: Phase) -> bool {
+    !known && phase.open && phase.consistent && w.own.is_empty() && w.others.is_empty()
+}
+
+fn commit_window(
+    l: &GLimit,
+    w: &mut WState,
+    known: bool,
+    cost: u64,
+    now: Nanos,
+    participants: u64,
+) {
+    let s = l.slot(now);
+    match w.grants.iter_mut().find(|g| g.slot == s) {
+        Some(g) => {
+            g.used = g.used.saturating_add(cost);
+            if let Some(gap) = &mut g.gap {
+                *gap = gap.saturating_sub(cost);
+            }
+        }
+        None => {
+            // A starter (the only way to admit without a grant).
+            let _ = known;
+            w.grants.push(Grant {
+                slot: s,
+                allowance: l.limit.limit() / participants.max(1),
+                used: cost,
+                credit: 0,
+                gap: None,
+                starter: true,
+            });
+        }
+    }
+    match w.own.iter_mut().find(|(slot, _)| *slot == s) {
+        Some((_, n)) => *n = n.saturating_add(cost),
+        None => {
+            w.own.push((s, cost));
+            w.own.sort_unstable();
+        }
+    }
+}
+
+/// `⌈a / b⌉` for `a ≥ 0` (`b` at least 1).
+fn ceil_div(a: i128, b: i128) -> i128 {
+    let b = b.max(1);
+    a / b + i128::from(a % b != 0)
+}
+
+fn unit_cost(limit: &Limit, cost: u64) -> i128 {
+    i128::from(cost) * i128::from(limit.period()) * i128::from(SHARE_ONE)
+}
+
+fn decide_bucket(l: &GLimit, b: &BState, cost: u64, max_wait: Nanos, now: Nanos) -> Decision {
+    let limit = &l.limit;
+    let level = b.level_at(limit, now);
+    let cap = b.cap(limit);
+    let rate = b.rate(limit);
+    let tokens = |level: i128| -> u64 {
+        // This node's tokens scaled to the whole cluster's bucket (its share is 1/share of it).
+        let scaled = level.max(0) / (i128::from(limit.period()) * i128::from(b.share.max(1)));
+        u64::try_from(scaled).unwrap_or(u64::MAX).min(limit.burst())
+    };
+    let refill = |level: i128| -> Nanos {
+        u64::try_from(ceil_div((cap - level.min(cap)).max(0), rate)).unwrap_or(u64::MAX)
+    };
+    let need = unit_cost(limit, cost);
+    let mut d = Decision {
+        verdict: Verdict::Admit { wait: 0 },
+        limit: limit.limit(),
+        remaining: tokens(level - need),
+        reset_after: refill(level - need),
+    };
+    if cost > limit.burst() {
+        d.verdict = Verdict::Never;
+        d.remaining = tokens(level);
+        d.reset_after = refill(level);
+        return d;
+    }
+    if level >= need {
+        return d;
+    }
+    let wait = u64::try_from(ceil_div(need - level, rate)).unwrap_or(u64::MAX);
+    if limit.algorithm() == Algorithm::LeakyBucket && wait <= max_wait && need <= cap {
+        d.verdict = Verdict::Admit { wait };
+        return d;
+    }
+    d.verdict = Verdict::Deny { retry_after: wait };
+    d.remaining = tokens(level);
+    d.reset_after = refill(level);
+    d
+}
+
+/// Lease weights (numerators over their sum): `μ/N + (1 − μ)·d/D` with μ = 1/20, or even
+/// when nobody has demand.
+fn lease_weights(demands: &[u64]) -> Vec<u128> {
+    let n = demands.len() as u128;
+    let total: u128 = demands.iter().map(|&d| u128::from(d)).sum();
+    if total == 0 {
+        return vec![1; demands.len()];
+    }
+    let f = u128::from(WINDOW_FLOOR);
+    demands
+        .iter()
+        .map(|&d| total + (f - 1) * n * u128::from(d))
+        .collect()
+}
+
+/// This node's bucket share out of [`SHARE_ONE`]: `μ_b/N + (1 − μ_b)·d/D`, μ_b = 1/100.
+/// `demands[0]` is this node; held members keep their last demand.
+fn bucket_share(demands: &[(String, u64, bool)]) -> u64 {
+    let n = demands.len() as u128;
+    let total: u128 = demands.iter().map(|d| u128::from(d.1)).sum();
+    let one = u128::from(SHARE_ONE);
+    if total == 0 {
+        return u64::try_from(one / n.max(1)).unwrap_or(1);
+    }
+    let f = u128::from(BUCKET_FLOOR);
+    let mine = u128::from(demands[0].1);
+    let num = total + (f - 1) * n * mine;
+    u64::try_from(one * num / (f * n * total))
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// 64-bit FNV-1a: a hash every node computes the same way (the view, the remainder order).
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Fnv {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+
+    fn bytes(&mut self, b: &[u8]) {
+        for &x in b {
+            self.0 ^= u64::from(x);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    fn str(&mut self, s: &str) {
+        self.u64(s.len() as u64);
+        self.bytes(s.as_bytes());
+    }
+
+    fn u64(&mut self, x: u64) {
+        self.bytes(&x.to_le_bytes());
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,542 @@
+//! Clusters of [`Global`]s on virtual time, over a simulated network that round-trips every
+//! message through the wire codec and can delay, drop and cut. Seeded, so every run is exact.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use super::*;
+use crate::limiter::SECOND;
+use crate::wire;
+
+const MS: Nanos = MILLISECOND;
+/// Virtual time starts at a round-aligned instant well after the epoch.
+const START: Nanos = 1_700_000_000 * SECOND;
+
+fn fixed(limit: u64, period: Nanos) -> Limit {
+    Limit::new(Algorithm::FixedWindow, limit, period, None).unwrap()
+}
+
+fn bucket(alg: Algorithm, limit: u64, period: Nanos, burst: u64) -> Limit {
+    Limit::new(alg, limit, period, Some(burst)).unwrap()
+}
+
+struct Sim {
+    now: Nanos,
+    names: Vec<String>,
+    nodes: Vec<Option<Global>>,
+    rules: Vec<(String, Vec<Limit>)>,
+    params: Params,
+    generations: Vec<u64>,
+    /// (deliver at, from, to, frame)
+    inflight: Vec<(Nanos, usize, usize, Vec<u8>)>,
+    rng: u64,
+    /// Directed links that drop everything.
+    cut: HashSet<(usize, usize)>,
+    /// Per mille of messages dropped.
+    loss: u64,
+    delay: Nanos,
+    /// Admissions per (node, window index of `window`), for checking bounds.
+    admitted: BTreeMap<(usize, u64), u64>,
+    window: Nanos,
+    rejects: u64,
+}
+
+impl Sim {
+    fn new(n: usize, rules: Vec<(String, Vec<Limit>)>, params: Params, seed: u64) -> Sim {
+        let names: Vec<String> = (0..n).map(|i| format!("node-{i}")).collect();
+        let mut sim = Sim {
+            now: START,
+            names,
+            nodes: Vec::new(),
+            rules,
+            params,
+            generations: vec![1; n],
+            inflight: Vec::new(),
+            rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            cut: HashSet::new(),
+            loss: 0,
+            delay: MS,
+            admitted: BTreeMap::new(),
+            window: SECOND,
+            rejects: 0,
+        };
+        for i in 0..n {
+            let g = sim.make(i);
+            sim.nodes.push(Some(g));
+        }
+        for i in 0..n {
+            sim.announce(i);
+        }
+        sim
+    }
+
+    fn make(&self, i: usize) -> Global {
+        Global::new(
+            Actor::new(self.names[i].clone(), self.generations[i]),
+            self.params.clone(),
+            self.rules.clone(),
+            Arc::new(AtomicUsize::new(0)),
+            1_000_000,
+        )
+        .unwrap()
+    }
+
+    /// Tells node `i` who the members are (all configured nodes, with their generations).
+    fn announce(&mut self, i: usize) {
+        let members: Vec<MemberInfo> = (0..self.names.len())
+            .filter(|&j| j != i)
+            .map(|j| MemberInfo {
+                actor: Actor::new(self.names[j].clone(), self.generations[j]),
+                alive: self.nodes[j].is_some(),
+            })
+            .collect();
+        if let Some(g) = &self.nodes[i] {
+            let out = g.set_members(&members);
+            self.route(i, out);
+        }
+    }
+
+    fn random(&mut self) -> u64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn route(&mut self, from: usize, out: Vec<Output>) {
+        for o in out {
+            let (targets, message): (Vec<usize>, Message) = match o {
+                Output::ToAll(m) => ((0..self.names.len()).filter(|&j| j != from).collect(), m),
+                Output::To(node, m) => {
+                    let j = self.names.iter().position(|n| *n == node).unwrap();
+                    (vec![j], m)
+                }
+            };
+            let frame = wire::encode(&message).unwrap();
+            for to in targets {
+                if self.cut.contains(&(from, to)) || self.random() % 1000 < self.loss {
+                    continue;
+                }
+                self.inflight
+                    .push((self.now + self.delay, from, to, frame.clone()));
+            }
+        }
+    }
+
+    /// Advances virtual time by `dt`, running every due tick and delivery.
+    fn advance(&mut self, dt: Nanos) {
+        let end = self.now + dt;
+        while self.now < end {
+            self.now = (self.now + MS).min(end);
+            for i in 0..self.nodes.len() {
+                for _ in 0..3 {
+                    let Some(g) = &self.nodes[i] else { break };
+                    if g.next_tick(self.now) > self.now {
+                        break;
+                    }
+                    let out = g.tick(self.now);
+                    self.route(i, out);
+                }
+            }
+            let now = self.now;
+            let (due, later): (Vec<_>, Vec<_>) = self.inflight.drain(..).partition(|m| m.0 <= now);
+            self.inflight = later;
+            for (_, from, to, frame) in due {
+                let Some(g) = &self.nodes[to] else { continue };
+                let message = wire::decode(&frame).unwrap();
+                match g.receive(&self.names[from], message, now) {
+                    Ok(out) => self.route(to, out),
+                    Err(_) => self.rejects += 1,
+                }
+            }
+        }
+    }
+
+    fn check(&mut self, i: usize, rule: &str, key: &str, cost: u64) -> Decision {
+        let g = self.nodes[i].as_ref().unwrap();
+        let ri = g.rule_index(rule).unwrap();
+        let (_, d) = g.check(ri, key, cost, 0, self.now).unwrap();
+        if d.allowed() {
+            *self
+                .admitted
+                .entry((i, self.now / self.window))
+                .or_default() += cost;
+        }
+        d
+    }
+
+    /// Runs `secs` seconds of load: each ms, node i gets a request with probability
+    /// `per_mille[i]`/1000 on `key`.
+    fn load(&mut self, rule: &str, key: &str, per_mille: &[u64], dur: Nanos) {
+        let end = self.now + dur;
+        while self.now < end {
+            self.advance(MS);
+            for (i, &p) in per_mille.iter().enumerate() {
+                if self.nodes[i].is_some() && self.random() % 1000 < p {
+                    self.check(i, rule, key, 1);
+                }
+            }
+        }
+    }
+
+    fn per_window(&self) -> BTreeMap<u64, u64> {
+        let mut w = BTreeMap::new();
+        for ((_, win), n) in &self.admitted {
+            *w.entry(*win).or_default() += n;
+        }
+        w
+    }
+
+    fn total(&self) -> u64 {
+        self.admitted.values().sum()
+    }
+
+    fn crash(&mut self, i: usize) {
+        self.nodes[i] = None;
+        self.inflight.retain(|m| m.2 != i);
+    }
+
+    fn restart(&mut self, i: usize) {
+        self.generations[i] += 1;
+        self.nodes[i] = Some(self.make(i));
+        for j in 0..self.nodes.len() {
+            self.announce(j);
+        }
+    }
+
+    fn partition(&mut self, side: &[usize]) {
+        for &a in side {
+            for b in 0..self.nodes.len() {
+                if !side.contains(&b) {
+                    self.cut.insert((a, b));
+                    self.cut.insert((b, a));
+                }
+            }
+        }
+    }
+}
+
+fn rules_fixed() -> Vec<(String, Vec<Limit>)> {
+    vec![("api".into(), vec![fixed(100, SECOND)])]
+}
+
+#[test]
+fn one_node_admits_exactly_the_limit_per_window() {
+    let mut sim = Sim::new(1, rules_fixed(), Params::default(), 1);
+    sim.advance(200 * MS);
+    sim.load("api", "k", &[400], 5 * SECOND);
+    for (w, n) in sim.per_window() {
+        assert!(n <= 100, "window {w}: {n}");
+    }
+    // Full windows (not the first, partly before load) admit the whole limit.
+    let full: Vec<u64> = sim.per_window().values().copied().skip(1).take(4).collect();
+    assert!(full.iter().all(|&n| n >= 97), "{full:?}");
+}
+
+#[test]
+fn three_nodes_uniform_load_stay_within_the_limit_and_near_it() {
+    for seed in 1..=5 {
+        let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
+        sim.advance(300 * MS);
+        // 2x load: 200 per second over 3 nodes.
+        sim.load("api", "user-42", &[67, 67, 67], 10 * SECOND);
+        let windows = sim.per_window();
+        for (w, n) in &windows {
+            assert!(*n <= 100, "seed {seed} window {w}: {n}");
+        }
+        let full: u64 = windows.values().skip(1).take(8).sum();
+        assert!(
+            full >= 8 * 95,
+            "seed {seed}: {full} of 800 in 8 full windows"
+        );
+    }
+}
+
+#[test]
+fn skewed_load_is_served_by_demand_weighted_leases() {
+    let mut sim = Sim::new(3, rules_fixed(), Params::default(), 7);
+    sim.advance(300 * MS);
+    sim.load("api", "k", &[160, 20, 20], 10 * SECOND);
+    let windows = sim.per_window();
+    assert!(windows.values().all(|&n| n <= 100), "{windows:?}");
+    let full: u64 = windows.values().skip(1).take(8).sum();
+    assert!(full >= 8 * 95, "{full} of 800");
+}
+
+#[test]
+fn every_node_reports_the_same_remaining_once_converged() {
+    let mut sim = Sim::new(3, rules_fixed(), Params::default(), 3);
+    sim.advance(300 * MS);
+    // Align to the start of a window, then admit a few on each node.
+    let to_next = SECOND - sim.now % SECOND;
+    sim.advance(to_next + 150 * MS);
+    for i in 0..3 {
+        for _ in 0..5 {
+            assert!(sim.check(i, "api", "k", 1).allowed());
+        }
+    }
+    sim.advance(300 * MS);
+    let remaining: Vec<u64> = (0..3)
+        .map(|i| {
+            let g = sim.nodes[i].as_ref().unwrap();
+            g.status(0, "k", sim.now).1.remaining
+        })
+        .collect();
+    assert_eq!(remaining, vec![85, 85, 85]);
+}
+
+#[test]
+fn a_partition_under_hold_never_admits_more_than_the_limit_and_heals_without_loss() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
+        sim.advance(300 * MS);
+        sim.load("api", "k", &[67, 67, 67], 2 * SECOND);
+        sim.partition(&[2]);
+        sim.load("api", "k", &[67, 67, 67], 3 * SECOND);
+        for (w, n) in sim.per_window() {
+            assert!(n <= 100, "seed {seed} window {w}: {n}");
+        }
+        assert_eq!(sim.nodes[0].as_ref().unwrap().suspected(), vec!["node-2"]);
+        sim.cut.clear();
+        sim.load("api", "k", &[67, 67, 67], 2 * SECOND);
+        for (w, n) in sim.per_window() {
+            assert!(n <= 100, "seed {seed} window {w}: {n}");
+        }
+        // Converged: every node knows every admission of the current window.
+        sim.advance(1500 * MS);
+        let w = sim.now / SECOND;
+        let truth = sim.per_window().get(&w).copied().unwrap_or(0);
+        for i in 0..3 {
+            let g = sim.nodes[i].as_ref().unwrap();
+            assert_eq!(g.known_total("api", 0, "k", w), truth, "node {i}");
+        }
+        assert!(sim.nodes[0].as_ref().unwrap().suspected().is_empty());
+    }
+}
+
+#[test]
+fn split_lets_each_side_use_the_whole_limit_once_the_other_is_dead() {
+    let params = Params {
+        on_partition: OnPartition::Split,
+        ..Params::default()
+    };
+    let mut sim = Sim::new(3, rules_fixed(), params, 5);
+    sim.advance(300 * MS);
+    sim.partition(&[2]);
+    sim.advance(500 * MS);
+    // Membership declares the other side dead.
+    let dead = |sim: &mut Sim, i: usize, others: &[usize]| {
+        let members: Vec<MemberInfo> = (0..3)
+            .filter(|&j| j != i)
+            .map(|j| MemberInfo {
+                actor: Actor::new(sim.names[j].clone(), 1),
+                alive: !others.contains(&j),
+            })
+            .collect();
+        let out = sim.nodes[i].as_ref().unwrap().set_members(&members);
+        sim.route(i, out);
+    };
+    dead(&mut sim, 0, &[2]);
+    dead(&mut sim, 1, &[2]);
+    dead(&mut sim, 2, &[0, 1]);
+    sim.advance(500 * MS);
+    sim.load("api", "k", &[200, 200, 200], 3 * SECOND);
+    let side: BTreeMap<u64, u64> = sim
+        .admitted
+        .iter()
+        .filter(|((i, _), _)| *i == 2)
+        .map(|((_, w), n)| (*w, *n))
+        .collect();
+    let full: Vec<u64> = side.values().copied().skip(1).take(2).collect();
+    assert!(full.iter().all(|&n| n >= 95), "isolated side {full:?}");
+}
+
+#[test]
+fn a_crashed_and_restarted_node_loses_no_published_count() {
+    let mut sim = Sim::new(
+        3,
+        vec![("api".into(), vec![fixed(1000, 10 * SECOND)])],
+        Params::default(),
+        9,
+    );
+    sim.window = 10 * SECOND;
+    let to_next = 10 * SECOND - sim.now % (10 * SECOND);
+    sim.advance(to_next + 300 * MS);
+    sim.load("api", "k", &[50, 50, 50], 2 * SECOND);
+    // Let a round publish everything, then crash node 1 and restart it.
+    sim.advance(200 * MS);
+    sim.crash(1);
+    sim.advance(500 * MS);
+    sim.restart(1);
+    sim.advance(500 * MS);
+    let w = sim.now / (10 * SECOND);
+    let truth = sim.per_window().get(&w).copied().unwrap_or(0);
+    assert!(truth > 200);
+    for i in 0..3 {
+        let g = sim.nodes[i].as_ref().unwrap();
+        assert_eq!(g.known_total("api", 0, "k", w), truth, "node {i}");
+    }
+    assert!(sim.nodes[1].as_ref().unwrap().pulled());
+}
+
+#[test]
+fn twenty_percent_message_loss_costs_admissions_not_the_limit() {
+    let mut sim = Sim::new(3, rules_fixed(), Params::default(), 11);
+    sim.loss = 200;
+    sim.advance(300 * MS);
+    sim.load("api", "k", &[67, 67, 67], 10 * SECOND);
+    let windows = sim.per_window();
+    assert!(windows.values().all(|&n| n <= 100), "{windows:?}");
+    let full: u64 = windows.values().skip(1).take(8).sum();
+    assert!(full >= 8 * 80, "{full} of 800");
+}
+
+#[test]
+fn delay_within_the_settle_time_costs_nothing() {
+    let mut sim = Sim::new(5, rules_fixed(), Params::default(), 13);
+    sim.delay = 20 * MS;
+    sim.advance(300 * MS);
+    sim.load("api", "k", &[40, 40, 40, 40, 40], 10 * SECOND);
+    let windows = sim.per_window();
+    assert!(windows.values().all(|&n| n <= 100), "{windows:?}");
+    let full: u64 = windows.values().skip(1).take(8).sum();
+    assert!(full >= 8 * 95, "{full} of 800");
+}
+
+#[test]
+fn buckets_share_the_rate_by_demand() {
+    let rules = vec![(
+        "b".into(),
+        vec![bucket(Algorithm::TokenBucket, 100, SECOND, 100)],
+    )];
+    let mut sim = Sim::new(3, rules, Params::default(), 17);
+    sim.advance(300 * MS);
+    sim.load("b", "k", &[160, 20, 20], 10 * SECOND);
+    let total = sim.total();
+    // At most burst + rate × time (+ one unit per node of capacity floor).
+    assert!(total <= 100 + 1000 + 3, "{total}");
+    assert!(total >= 1000, "{total}");
+}
+
+#[test]
+fn sliding_algorithms_hold_their_budget_in_the_cluster() {
+    let rules = vec![
+        (
+            "c".into(),
+            vec![Limit::new(Algorithm::SlidingWindowCounter, 100, SECOND, None).unwrap()],
+        ),
+        (
+            "l".into(),
+            vec![Limit::new(Algorithm::SlidingWindowLog, 100, 1600 * MS, None).unwrap()],
+        ),
+    ];
+    let mut sim = Sim::new(3, rules, Params::default(), 19);
+    sim.advance(300 * MS);
+    sim.load("c", "k", &[67, 67, 67], 5 * SECOND);
+    let windows = sim.per_window();
+    assert!(windows.values().all(|&n| n <= 100), "{windows:?}");
+    sim.admitted.clear();
+    sim.window = 1600 * MS;
+    sim.load("l", "k", &[67, 67, 67], 8 * SECOND);
+    let windows = sim.per_window();
+    assert!(windows.values().all(|&n| n <= 100), "{windows:?}");
+    assert!(sim.total() > 300);
+}
+
+#[test]
+fn hostile_messages_are_refused() {
+    let g = Global::new(
+        Actor::new("a", 1),
+        Params::default(),
+        rules_fixed(),
+        Arc::new(AtomicUsize::new(0)),
+        1000,
+    )
+    .unwrap();
+    let now = START;
+    g.set_members(&[MemberInfo {
+        actor: Actor::new("b", 5),
+        alive: true,
+    }]);
+    let frame = |from: Actor, round: u64| {
+        Message::Round(RoundFrame {
+            from,
+            round,
+            view: 0,
+            since: None,
+            keys: vec![],
+        })
+    };
+    let n = now / DEFAULT_ROUND;
+    assert_eq!(
+        g.receive("b", frame(Actor::new("c", 1), n), now),
+        Err(Reject::Impostor)
+    );
+    assert_eq!(
+        g.receive("c", frame(Actor::new("c", 1), n), now),
+        Err(Reject::NotMember)
+    );
+    assert_eq!(
+        g.receive("b", frame(Actor::new("b", 4), n), now),
+        Err(Reject::StaleGeneration)
+    );
+    assert_eq!(
+        g.receive("b", frame(Actor::new("b", 5), n + 50), now),
+        Err(Reject::RoundOutOfRange)
+    );
+    assert_eq!(
+        g.receive("a", frame(Actor::new("a", 1), n), now),
+        Err(Reject::Impostor)
+    );
+    // A report with absurd counts, an unknown rule and a wrong shape: dropped, counted, and
+    // no counter moves.
+    let bad = Message::Round(RoundFrame {
+        from: Actor::new("b", 5),
+        round: n,
+        view: 0,
+        since: None,
+        keys: vec![
+            KeyReport {
+                rule: "api".into(),
+                key: "k".into(),
+                demand: 1,
+                limits: vec![LimitReport {
+                    counts: vec![(now / SECOND, u64::MAX)],
+                    credit: None,
+                }],
+            },
+            KeyReport {
+                rule: "nope".into(),
+                key: "k".into(),
+                demand: 1,
+                limits: vec![],
+            },
+            KeyReport {
+                rule: "api".into(),
+                key: "k".into(),
+                demand: 1,
+                limits: vec![],
+            },
+        ],
+    });
+    assert!(g.receive("b", bad, now).is_ok());
+    g.tick(now);
+    g.tick(now + DEFAULT_SETTLE);
+    assert_eq!(g.stats().reports_dropped, 3);
+    assert_eq!(g.known_total("api", 0, "k", now / SECOND), 0);
+}
+
+#[test]
+fn config_periods_must_fit_rounds() {
+    let err = Global::new(
+        Actor::new("a", 1),
+        Params::default(),
+        vec![("x".into(), vec![fixed(10, 150 * MS)])],
+        Arc::new(AtomicUsize::new(0)),
+        10,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("multiple of 100 ms"), "{err}");
+}
