@@ -1,0 +1,3 @@
+//! Cluster plumbing: who is in the cluster ([`membership`]).
+
+pub mod membership;
