@@ -164,6 +164,44 @@ async fn a_stopped_node_is_reported_dead_by_the_others_within_two_seconds() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_node_stopped_right_after_joining_is_reported_dead_within_two_seconds() {
+    // With chitchat's default 5 s prior for the heartbeat interval this took ~17 s: the
+    // failure detector had too few samples to trust. The prior is now the gossip interval.
+    let transport = ChannelTransport::default();
+    let a = start(&transport, "a", 7001, &[]).await;
+    let b = start(&transport, "b", 7002, &[7001]).await;
+    wait_until(&a, Duration::from_secs(2), "a sees b", |v| alive(v, "b")).await;
+    b.shutdown().await.unwrap();
+    let took = wait_until(&a, DEATH_BOUND, "a sees b dead", |v| dead(v, "b")).await;
+    eprintln!("node stopped right after joining dead after {took:?} (virtual)");
+    a.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dead_node_is_forgotten_after_the_grace_period() {
+    let transport = ChannelTransport::default();
+    let mut cfg = config("a", 1, 7001, &[]);
+    cfg.dead_node_grace_period = Duration::from_secs(10);
+    let a = Membership::start_with_transport(cfg, meta(7001, "rules-1"), &transport)
+        .await
+        .unwrap();
+    let b = start(&transport, "b", 7002, &[7001]).await;
+    wait_until(&a, Duration::from_secs(2), "a sees b", |v| alive(v, "b")).await;
+    b.shutdown().await.unwrap();
+    wait_until(&a, DEATH_BOUND, "a sees b dead", |v| dead(v, "b")).await;
+    sleep(Duration::from_secs(5)).await;
+    assert!(
+        dead(&a.members(), "b"),
+        "still listed, as dead, within the grace period"
+    );
+    wait_until(&a, Duration::from_secs(6), "a forgets b", |v| {
+        newest(v, "b").is_none()
+    })
+    .await;
+    a.shutdown().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_leaving_node_is_reported_dead_within_a_round_or_two() {
     let transport = ChannelTransport::default();
     let [a, b, c] = three_node_cluster(&transport).await;
