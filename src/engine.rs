@@ -5,17 +5,19 @@
 //! shaping wait is returned in the decision for the caller to serve
 //! ([`Clock::sleep`]).
 //!
-//! Scope: a rule's `scope = "global"` is where the cluster will enter — the key state handed
-//! to the limits will then carry this node's allowance of the global limit (a lease of the
-//! window's room, or a share of the bucket; see docs/design.md) — without changing this check
-//! path. On a single node, global and local counting are the same.
+//! Scope: on a single node, global and local rules count the same way, here. In a cluster
+//! ([`Engine::clustered`]), a `scope = "global"` rule's keys live in [`Global`] instead, whose
+//! check takes the same arguments and reads only the key's lease or share (still one shard
+//! lock, no network; see docs/design.md).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use crate::clock::Clock;
-use crate::config::Rule;
+use crate::cluster::global::{Global, GlobalError, Params};
+use crate::config::{Rule, Scope};
+use crate::counter::Actor;
 use crate::limiter::{Decision, KeyState, Nanos, SECOND, Verdict};
 use crate::metrics::Striped;
 use crate::store::{Full, Store};
@@ -65,6 +67,8 @@ pub struct RuleState {
     store: Store<KeyState>,
     /// Checks by [`Outcome`], indexed as [`Outcome::ALL`].
     outcomes: Striped<4>,
+    /// In a cluster, a global rule's keys live in [`Global`] under this index.
+    global: Option<(Arc<Global>, usize)>,
 }
 
 impl RuleState {
@@ -75,7 +79,15 @@ impl RuleState {
 
     /// Keys this rule tracks now.
     pub fn active_keys(&self) -> usize {
-        self.store.len()
+        match &self.global {
+            Some((g, i)) => g.rule_keys(*i),
+            None => self.store.len(),
+        }
+    }
+
+    /// Whether the cluster counts this rule's keys (a global rule on a clustered node).
+    pub fn is_clustered(&self) -> bool {
+        self.global.is_some()
     }
 }
 
@@ -109,15 +121,55 @@ pub struct Engine {
 impl Engine {
     /// An engine serving `rules`, holding at most `max_keys` keys across them all.
     pub fn new(rules: Vec<Rule>, max_keys: usize, clock: Arc<dyn Clock>) -> Engine {
+        Engine::build(rules, max_keys, clock, Arc::new(AtomicUsize::new(0)), None)
+    }
+
+    /// An engine whose global rules are counted across the cluster by a [`Global`] acting as
+    /// `me` (returned too, for the cluster task to drive). Local rules stay local.
+    pub fn clustered(
+        rules: Vec<Rule>,
+        max_keys: usize,
+        clock: Arc<dyn Clock>,
+        me: Actor,
+        params: Params,
+    ) -> Result<(Engine, Arc<Global>), GlobalError> {
         let keys = Arc::new(AtomicUsize::new(0));
+        let global_rules = rules
+            .iter()
+            .filter(|r| r.scope == Scope::Global)
+            .map(|r| (r.name.clone(), r.limits.clone()))
+            .collect();
+        let global = Arc::new(Global::new(
+            me,
+            params,
+            global_rules,
+            keys.clone(),
+            max_keys,
+        )?);
+        let engine = Engine::build(rules, max_keys, clock, keys, Some(global.clone()));
+        Ok((engine, global))
+    }
+
+    fn build(
+        rules: Vec<Rule>,
+        max_keys: usize,
+        clock: Arc<dyn Clock>,
+        keys: Arc<AtomicUsize>,
+        global: Option<Arc<Global>>,
+    ) -> Engine {
         let order = rules.iter().map(|r| r.name.as_str().into()).collect();
         let rules = rules
             .into_iter()
             .map(|rule| {
+                let global = global
+                    .as_ref()
+                    .filter(|_| rule.scope == Scope::Global)
+                    .and_then(|g| Some((g.clone(), g.rule_index(&rule.name)?)));
                 let state = RuleState {
                     store: Store::new(keys.clone(), max_keys),
                     rule,
                     outcomes: Default::default(),
+                    global,
                 };
                 (state.rule.name.as_str().into(), state)
             })
@@ -159,13 +211,16 @@ impl Engine {
         let limits = &state.rule.limits[..];
         let now = self.clock.now();
         let max_wait = max_wait.min(state.rule.max_wait);
-        let result = state.store.update(
-            key,
-            now,
-            || KeyState::fresh(limits),
-            |s| s.is_fresh(limits, now),
-            |s| s.check(limits, now, cost, max_wait),
-        );
+        let result = match &state.global {
+            Some((global, index)) => global.check(*index, key, cost, max_wait, now),
+            None => state.store.update(
+                key,
+                now,
+                || KeyState::fresh(limits),
+                |s| s.is_fresh(limits, now),
+                |s| s.check(limits, now, cost, max_wait),
+            ),
+        };
         let (limit_index, decision, outcome) = match result {
             Ok((i, d)) => {
                 let outcome = match d.verdict {
@@ -203,10 +258,13 @@ impl Engine {
         let state = self.rule(rule)?;
         let limits = &state.rule.limits[..];
         let now = self.clock.now();
-        let (limit_index, decision) = state.store.read(key, |s| match s {
-            Some(s) => s.status(limits, now),
-            None => KeyState::fresh(limits).status(limits, now),
-        });
+        let (limit_index, decision) = match &state.global {
+            Some((global, index)) => global.status(*index, key, now),
+            None => state.store.read(key, |s| match s {
+                Some(s) => s.status(limits, now),
+                None => KeyState::fresh(limits).status(limits, now),
+            }),
+        };
         let outcome = if decision.allowed() {
             Outcome::Allowed
         } else {

@@ -48,7 +48,8 @@ pub const DEFAULT_FULL_EVERY: u64 = 10;
 /// A frame repeats the changes of this many rounds, so up to `REPEAT - 1` lost frames in a
 /// row do not break a receiver's view of the sender.
 pub const REPEAT: u64 = 3;
-/// A sliding window log is counted in the cluster per sub-slot of `period / 16`.
+/// A sliding window log is counted in the cluster per sub-slot of `period / k`, with k the
+/// largest number up to this for which a sub-slot is a whole number of rounds.
 pub const LOG_SUBSLOTS: u64 = 16;
 /// Fixed-point scale of a bucket share: `SHARE_ONE` is the whole rate.
 pub const SHARE_ONE: u64 = 1 << 20;
@@ -108,7 +109,7 @@ impl Default for Params {
 pub enum GlobalError {
     /// A windowed limit's slots must start on round boundaries.
     #[error(
-        "rule \"{rule}\": a global {algorithm} needs a period that is a multiple of {need_ms} ms (the gossip interval{extra})"
+        "rule \"{rule}\": a global {algorithm} needs a period that is a multiple of {need_ms} ms (the gossip interval)"
     )]
     Period {
         /// The rule.
@@ -117,8 +118,6 @@ pub enum GlobalError {
         algorithm: Algorithm,
         /// The period must be a multiple of this.
         need_ms: u64,
-        /// Why.
-        extra: &'static str,
     },
     /// δ must leave room in the round.
     #[error("settle time must be shorter than half the round")]
@@ -213,6 +212,8 @@ struct GLimit {
     kind: Kind,
     /// Length of one counting slot.
     slot_len: Nanos,
+    /// Sub-slots per period (a log's; 1 for the others).
+    subslots: u64,
     /// The counters' rule label for this limit (`rule`, or `rule#i` for the i-th limit).
     label: String,
 }
@@ -223,7 +224,7 @@ impl GLimit {
         match self.kind {
             Kind::Fixed | Kind::Bucket => 1,
             Kind::Counter => 2,
-            Kind::Log => LOG_SUBSLOTS + 1,
+            Kind::Log => self.subslots + 1,
         }
     }
 
@@ -242,7 +243,7 @@ impl GLimit {
                     .unwrap_or(u64::MAX)
                     .saturating_add(count(s))
             }
-            Kind::Log => (s.saturating_sub(LOG_SUBSLOTS)..=s)
+            Kind::Log => (s.saturating_sub(self.subslots)..=s)
                 .map(&count)
                 .fold(0u64, u64::saturating_add),
         }
@@ -534,23 +535,27 @@ impl Global {
             let mut glimits = Vec::new();
             for (i, limit) in limits.into_iter().enumerate() {
                 let kind = Kind::of(&limit);
-                let (slot_len, need, extra) = match kind {
-                    Kind::Log => (
-                        limit.period() / LOG_SUBSLOTS,
-                        params.round * LOG_SUBSLOTS,
-                        " × 16: the log is counted in 16 sub-slots",
-                    ),
-                    Kind::Fixed | Kind::Counter => (limit.period(), params.round, ""),
-                    Kind::Bucket => (limit.period(), 1, ""),
+                let need = if kind == Kind::Bucket {
+                    1
+                } else {
+                    params.round
                 };
                 if limit.period() % need != 0 {
                     return Err(GlobalError::Period {
                         rule: name,
                         algorithm: limit.algorithm(),
                         need_ms: need / MILLISECOND,
-                        extra,
                     });
                 }
+                // A log counts in k sub-slots of whole rounds, k ≤ 16 as large as divides.
+                let subslots = match kind {
+                    Kind::Log => (1..=LOG_SUBSLOTS)
+                        .rev()
+                        .find(|k| limit.period() % (k * params.round) == 0)
+                        .unwrap_or(1),
+                    _ => 1,
+                };
+                let slot_len = limit.period() / subslots;
                 let label = if i == 0 {
                     name.clone()
                 } else {
@@ -560,6 +565,7 @@ impl Global {
                     limit,
                     kind,
                     slot_len,
+                    subslots,
                     label,
                 });
             }
@@ -1537,9 +1543,9 @@ impl Global {
             .collect()
     }
 
-    /// Sweeps keys that no longer matter (see [`Global::tick`] for the ones the rounds keep).
-    pub fn active_keys(&self) -> usize {
-        self.rules.iter().map(|r| r.store.len()).sum()
+    /// Keys global rule `rule` tracks (rounds drop the ones that no longer matter).
+    pub fn rule_keys(&self, rule: usize) -> usize {
+        self.rules.get(rule).map_or(0, |r| r.store.len())
     }
 }
 

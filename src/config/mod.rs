@@ -8,11 +8,12 @@ mod duration;
 
 use std::fmt;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use toml::{Table, Value};
 
+use crate::cluster::global::OnPartition;
 use crate::limiter::{Algorithm, Limit, Nanos};
 
 pub use duration::{format_duration, parse_duration};
@@ -31,6 +32,14 @@ pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// The cluster name nodes must share.
 pub const DEFAULT_CLUSTER_ID: &str = "gossamer";
+/// How often nodes gossip and exchange counts (the round length T of docs/design.md).
+pub const DEFAULT_GOSSIP_INTERVAL: Duration = Duration::from_millis(100);
+/// The failure detector's phi threshold (chitchat's phi accrual).
+pub const DEFAULT_PHI_THRESHOLD: f64 = 8.0;
+/// How long a dead member is remembered (and, under `on_partition = "hold"`, keeps its share).
+pub const DEFAULT_DEAD_NODE_GRACE: Duration = Duration::from_secs(3600);
+/// How long a starting node waits to pull the cluster's counts before `/readyz` says 200.
+pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// The rules served when no config file is given.
 pub const BUILTIN_RULES: &str = include_str!("builtin.toml");
 
@@ -65,7 +74,7 @@ pub struct ServerConfig {
 }
 
 /// Cluster settings.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ClusterConfig {
     /// The gossip (UDP) listen address.
     pub gossip: Option<SocketAddr>,
@@ -75,6 +84,59 @@ pub struct ClusterConfig {
     pub seeds: Vec<String>,
     /// Nodes with another cluster id ignore each other.
     pub cluster_id: String,
+    /// Round length: gossip, count exchange and lease computation happen once per interval.
+    pub gossip_interval: Duration,
+    /// Where counts are exchanged over QUIC (default: the gossip address, port + 1).
+    pub quic: Option<SocketAddr>,
+    /// What a partition does to global limits.
+    pub on_partition: OnPartition,
+    /// The failure detector's phi threshold.
+    pub phi_threshold: f64,
+    /// How long a dead member is remembered.
+    pub dead_node_grace: Duration,
+    /// How long `/readyz` waits for the pull of the cluster's counts at start.
+    pub ready_timeout: Duration,
+    /// Mutual TLS between peers; `None`: ephemeral self-signed certificates, unauthenticated.
+    pub tls: Option<TlsFiles>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> ClusterConfig {
+        ClusterConfig {
+            gossip: None,
+            advertise: None,
+            seeds: Vec::new(),
+            cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
+            gossip_interval: DEFAULT_GOSSIP_INTERVAL,
+            quic: None,
+            on_partition: OnPartition::Hold,
+            phi_threshold: DEFAULT_PHI_THRESHOLD,
+            dead_node_grace: DEFAULT_DEAD_NODE_GRACE,
+            ready_timeout: DEFAULT_READY_TIMEOUT,
+            tls: None,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// The QUIC address: `quic`, or the gossip address with the port + 1.
+    pub fn quic_addr(&self) -> Option<SocketAddr> {
+        self.quic.or_else(|| {
+            self.gossip
+                .map(|g| SocketAddr::new(g.ip(), g.port().wrapping_add(1)))
+        })
+    }
+}
+
+/// `[cluster.tls]`: PEM files for mutual TLS between peers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The cluster CA certificate every peer's certificate must chain to.
+    pub ca: PathBuf,
+    /// This node's certificate (naming its node id).
+    pub cert: PathBuf,
+    /// This node's private key.
+    pub key: PathBuf,
 }
 
 /// Whether a rule's counts are this node's own or the cluster's.
@@ -184,7 +246,37 @@ impl Config {
         };
         let mut config = Config::parse(&text, &name)?;
         config.apply(overrides);
+        config.check_cluster(&name)?;
         Ok(config)
+    }
+
+    /// With clustering on, every windowed global limit must count in slots that start on
+    /// round boundaries: its period must be a multiple of `gossip_interval`.
+    pub fn check_cluster(&self, file: &str) -> Result<(), ConfigError> {
+        if self.cluster.gossip.is_none() {
+            return Ok(());
+        }
+        let round = self.cluster.gossip_interval.as_nanos();
+        for rule in self.rules.iter().filter(|r| r.scope == Scope::Global) {
+            for limit in &rule.limits {
+                if !limit.algorithm().has_burst() && u128::from(limit.period()) % round != 0 {
+                    return Err(ConfigError::Invalid {
+                        file: file.to_owned(),
+                        place: Place {
+                            rule: Some(rule.name.clone()),
+                            table: None,
+                            field: "period".to_owned(),
+                        },
+                        message: format!(
+                            "a global {} counts in slots of whole gossip rounds: its period must be a multiple of gossip_interval ({})",
+                            limit.algorithm(),
+                            format_duration(round as Nanos)
+                        ),
+                    });
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Parses and validates config text; `file` names it in errors.
@@ -263,6 +355,15 @@ impl<'t> Fields<'t> {
 }
 
 impl Parser<'_> {
+    /// A path from the config file: relative paths are relative to the file's directory.
+    fn relative(&self, s: &str) -> PathBuf {
+        let path = Path::new(s);
+        match Path::new(self.file).parent() {
+            Some(dir) if path.is_relative() && Path::new(self.file).is_file() => dir.join(path),
+            _ => path.to_owned(),
+        }
+    }
+
     fn err(
         &self,
         rule: Option<&str>,
@@ -400,6 +501,41 @@ impl Parser<'_> {
             Some(Value::String(s)) if !s.is_empty() => s.clone(),
             Some(_) => return Err(err("cluster_id", "must be a non-empty string".into())),
         };
+        let gossip_interval = positive_duration(f.get("gossip_interval"), DEFAULT_GOSSIP_INTERVAL)
+            .map_err(|m| err("gossip_interval", m))?;
+        if gossip_interval < Duration::from_millis(10)
+            || gossip_interval.subsec_nanos() % 1_000_000 != 0
+        {
+            return Err(err(
+                "gossip_interval",
+                "must be a whole number of milliseconds, at least 10ms".into(),
+            ));
+        }
+        let quic = match f.get("quic") {
+            None => None,
+            Some(v) => Some(socket_addr(v).map_err(|m| err("quic", m))?),
+        };
+        let on_partition = match f.get("on_partition") {
+            None => OnPartition::Hold,
+            Some(Value::String(s)) if s == "hold" => OnPartition::Hold,
+            Some(Value::String(s)) if s == "split" => OnPartition::Split,
+            Some(_) => return Err(err("on_partition", "must be \"hold\" or \"split\"".into())),
+        };
+        let phi_threshold = match f.get("phi_threshold") {
+            None => DEFAULT_PHI_THRESHOLD,
+            Some(Value::Float(x)) if *x > 0.0 && x.is_finite() => *x,
+            Some(Value::Integer(x)) if *x > 0 => *x as f64,
+            Some(_) => return Err(err("phi_threshold", "must be a positive number".into())),
+        };
+        let dead_node_grace = positive_duration(f.get("dead_node_grace"), DEFAULT_DEAD_NODE_GRACE)
+            .map_err(|m| err("dead_node_grace", m))?;
+        let ready_timeout = positive_duration(f.get("ready_timeout"), DEFAULT_READY_TIMEOUT)
+            .map_err(|m| err("ready_timeout", m))?;
+        let tls = match f.get("tls") {
+            None => None,
+            Some(Value::Table(t)) => Some(self.tls(t)?),
+            Some(_) => return Err(err("tls", "must be a table ([cluster.tls])".into())),
+        };
         if let Some(field) = f.unknown() {
             return Err(err(field, "unknown field".into()));
         }
@@ -408,7 +544,29 @@ impl Parser<'_> {
             advertise,
             seeds,
             cluster_id,
+            gossip_interval,
+            quic,
+            on_partition,
+            phi_threshold,
+            dead_node_grace,
+            ready_timeout,
+            tls,
         })
+    }
+
+    fn tls(&self, t: &Table) -> Result<TlsFiles, ConfigError> {
+        let mut f = Fields::new(t);
+        let err = |field: &str, m: String| self.err(None, Some("cluster.tls"), field, m);
+        let mut path = |field: &'static str| match f.get(field) {
+            Some(Value::String(s)) if !s.is_empty() => Ok(self.relative(s)),
+            Some(_) => Err(err(field, "must be a file path".into())),
+            None => Err(err(field, "is required: a PEM file".into())),
+        };
+        let (ca, cert, key) = (path("ca")?, path("cert")?, path("key")?);
+        if let Some(field) = f.unknown() {
+            return Err(err(field, "unknown field".into()));
+        }
+        Ok(TlsFiles { ca, cert, key })
     }
 
     fn rule(&self, index: usize, t: &Table) -> Result<Rule, ConfigError> {
