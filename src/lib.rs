@@ -10,6 +10,7 @@
 //! - [`clock`]: the [`Clock`](clock::Clock) trait, the system clock and a manual clock.
 //! - [`counter`]: cluster-wide counts of global rules as CRDT counters with dot deltas; pure.
 //! - [`wire`]: the one versioned codec for every message between nodes.
+//! - [`cluster`]: transport security (mutual TLS under a cluster CA) and frames over QUIC.
 //! - [`config`]: TOML + environment + flags, validated into one [`Config`](config::Config).
 //! - [`api`]: HTTP routes, rate-limit headers, the one mapping from errors to responses.
 //! - [`metrics`]: Prometheus counters and the check-latency histogram.
@@ -24,6 +25,7 @@
 pub mod api;
 pub mod client;
 pub mod clock;
+pub mod cluster;
 pub mod config;
 pub mod counter;
 pub mod engine;
