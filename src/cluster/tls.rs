@@ -629,6 +629,33 @@ pub(crate) mod tests {
         }
     }
 
+    /// Mutual-mode configs trusting `ca` but presenting `cert` / `key` without checking
+    /// that they fit: a peer from another cluster, or one with a stolen certificate.
+    pub(crate) fn unchecked_mutual(ca: &Path, cert: &Path, key: &Path) -> NodeTls {
+        let provider = provider();
+        let mut roots = RootCertStore::empty();
+        for anchor in read_certs(ca).unwrap() {
+            roots.add(anchor).unwrap();
+        }
+        let roots = Arc::new(roots);
+        let server_verifier =
+            WebPkiServerVerifier::builder_with_provider(Arc::clone(&roots), Arc::clone(&provider))
+                .build()
+                .unwrap();
+        let client_verifier =
+            WebPkiClientVerifier::builder_with_provider(roots, Arc::clone(&provider))
+                .build()
+                .unwrap();
+        mutual_configs(
+            provider,
+            server_verifier,
+            client_verifier,
+            read_certs(cert).unwrap(),
+            read_key(key).unwrap(),
+        )
+        .unwrap()
+    }
+
     pub(crate) fn nodes(names: &[&str]) -> Vec<String> {
         names.iter().map(|n| (*n).to_owned()).collect()
     }
