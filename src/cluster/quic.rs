@@ -7,8 +7,9 @@
 //! # Connections
 //! Each node sends over its own outbound connections and receives over inbound ones, so
 //! two nodes talking both ways hold two connections. An outbound connection per peer is
-//! opened on the first frame, cached, and reopened on demand (after a failure, attempts back
-//! off from 100 ms to 2 s; frames arriving meanwhile are dropped and counted). The client
+//! opened on the first frame, cached, and reopened on demand. After a failed attempt, or a
+//! connection the peer refused, attempts back off from 100 ms to 2 s; frames arriving
+//! meanwhile are dropped and counted. The client
 //! connects with the TLS server name set to the peer's node id, then sends its own node id
 //! on the connection's first stream (the *hello*). The server accepts frames only after the
 //! hello: in Mutual mode, only if the client's verified certificate names that id.
@@ -23,6 +24,8 @@
 //!   [`FRAME_TIMEOUT`]; keep-alive every [`KEEP_ALIVE`], a silent connection dies after
 //!   [`IDLE_TIMEOUT`].
 //! - At most [`MAX_INBOUND_CONNECTIONS`] inbound connections at once; more are refused.
+//!   Each buffers at most 4 frames' worth of stream data (QUIC flow control), so inbound
+//!   buffering is bounded by about 4 MiB per connection.
 //!
 //! # Delivery
 //! At most once, in order per connection: frames from one peer are read one stream after
@@ -60,7 +63,7 @@ pub const INBOUND_QUEUE: usize = 1024;
 /// Unidirectional streams a peer may hold open on one connection.
 pub const MAX_STREAMS: u32 = 16;
 /// Inbound connections (handshaking or established) held at once.
-pub const MAX_INBOUND_CONNECTIONS: usize = 1024;
+pub const MAX_INBOUND_CONNECTIONS: usize = 256;
 /// Bound on connecting to a peer, TLS handshake and hello included.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bound on writing or reading one frame (and on receiving the hello).
@@ -188,6 +191,20 @@ struct Counters {
     connections_open: AtomicU64,
 }
 
+/// A peer task's connection.
+struct Outgoing<'a> {
+    conn: Connection,
+    opened: Instant,
+    _open: OpenGuard<'a>,
+}
+
+/// When a peer task may next try to connect.
+#[derive(Debug)]
+struct Backoff {
+    next: Duration,
+    until: Option<Instant>,
+}
+
 /// Holds one count in `connections_open` while alive.
 struct OpenGuard<'a>(&'a AtomicU64);
 
@@ -211,6 +228,8 @@ enum SendError {
     Closed(#[from] quinn::ClosedStream),
     #[error("timed out")]
     Timeout,
+    #[error("no connection (backing off after a failed attempt)")]
+    BackingOff,
 }
 
 /// Why an inbound connection was refused.
@@ -412,6 +431,35 @@ impl Drop for OpenGuard<'_> {
     }
 }
 
+impl Backoff {
+    fn new() -> Self {
+        Backoff {
+            next: BACKOFF_MIN,
+            until: None,
+        }
+    }
+
+    fn waiting(&self) -> bool {
+        self.until.is_some_and(|t| Instant::now() < t)
+    }
+
+    /// An attempt failed: wait, longer each time.
+    fn failed(&mut self) {
+        self.until = Some(Instant::now() + self.next);
+        self.next = (self.next * 2).min(BACKOFF_MAX);
+    }
+
+    /// Connected; but the peer may still refuse us, so the delay is kept until `reset`.
+    fn connected(&mut self) {
+        self.until = None;
+    }
+
+    /// The peer has proven it accepts us.
+    fn reset(&mut self) {
+        *self = Backoff::new();
+    }
+}
+
 impl LogGate {
     /// `Some(n)` if a warning may be logged now, `n` being how many were suppressed since
     /// the last one; `None` (and one more suppressed) otherwise.
@@ -449,68 +497,85 @@ fn transport_config(streams: u32) -> TransportConfig {
 /// Serves one peer's queue: connects on demand, one stream per frame.
 async fn peer_task(shared: Arc<Shared>, peer: String, mut queue: mpsc::Receiver<Outbound>) {
     let stats = &shared.stats;
-    let mut conn: Option<(Connection, OpenGuard<'_>)> = None;
-    let mut retry_at: Option<Instant> = None;
-    let mut backoff = BACKOFF_MIN;
+    let mut conn: Option<Outgoing<'_>> = None;
+    let mut backoff = Backoff::new();
     loop {
         let item = match &conn {
-            Some((c, _)) => tokio::select! {
-                item = queue.recv() => Some(item),
-                _ = c.closed() => None,
+            Some(out) => tokio::select! {
+                item = queue.recv() => Ok(item),
+                reason = out.conn.closed() => Err(reason),
             },
-            None => Some(queue.recv().await),
+            None => Ok(queue.recv().await),
         };
-        let Some(item) = item else {
-            // Closed by the peer, the idle timeout or our endpoint: reconnect on demand.
-            conn = None;
-            continue;
+        let item = match item {
+            Ok(item) => item,
+            Err(reason) => {
+                conn = None;
+                if refused_us(&reason) {
+                    // Refused after the handshake (wrong name, foreign CA): reconnecting at
+                    // once would be refused again, once per frame.
+                    stats.connect_failures.fetch_add(1, Ordering::Relaxed);
+                    if let Some(suppressed) = shared.send_log.check() {
+                        tracing::warn!(peer, error = %reason, suppressed, "peer refused this node");
+                    }
+                    backoff.failed();
+                } else {
+                    // Closed by the peer, the idle timeout or our endpoint: reconnect on
+                    // demand.
+                    backoff.reset();
+                }
+                continue;
+            }
         };
         let Some(Outbound { addr, frame }) = item else {
             break;
         };
-        if conn
-            .as_ref()
-            .is_some_and(|(c, _)| c.remote_address() != addr)
-        {
-            if let Some((c, _)) = conn.take() {
-                c.close(VarInt::from_u32(CODE_SHUTDOWN), b"peer moved");
-            }
+        if let Some(out) = conn.take_if(|out| out.conn.remote_address() != addr) {
+            out.conn
+                .close(VarInt::from_u32(CODE_SHUTDOWN), b"peer moved");
         }
         // A cached connection may have died unnoticed: on failure retry once, afresh.
         let mut result = Err(SendError::Timeout);
         for _ in 0..2 {
             if conn.is_none() {
-                if retry_at.is_some_and(|t| Instant::now() < t) {
+                if backoff.waiting() {
+                    result = Err(SendError::BackingOff);
                     break;
                 }
                 match connect(&shared, &peer, addr).await {
                     Ok(c) => {
-                        conn = Some((c, OpenGuard::new(&stats.connections_open)));
-                        retry_at = None;
-                        backoff = BACKOFF_MIN;
+                        conn = Some(Outgoing {
+                            conn: c,
+                            opened: Instant::now(),
+                            _open: OpenGuard::new(&stats.connections_open),
+                        });
+                        backoff.connected();
                     }
                     Err(e) => {
                         stats.connect_failures.fetch_add(1, Ordering::Relaxed);
                         if let Some(suppressed) = shared.send_log.check() {
                             tracing::warn!(peer, %addr, error = %e, suppressed, "cannot connect to peer");
                         }
-                        retry_at = Some(Instant::now() + backoff);
-                        backoff = (backoff * 2).min(BACKOFF_MAX);
+                        backoff.failed();
                         result = Err(e);
                         break;
                     }
                 }
             }
-            let Some((c, _)) = &conn else { break };
-            result = match timeout(FRAME_TIMEOUT, write_frame(c, frame.clone())).await {
+            let Some(out) = &conn else { break };
+            result = match timeout(FRAME_TIMEOUT, write_frame(&out.conn, frame.clone())).await {
                 Ok(r) => r,
                 Err(_) => Err(SendError::Timeout),
             };
             if result.is_ok() {
+                if out.opened.elapsed() > BACKOFF_MAX {
+                    backoff.reset();
+                }
                 break;
             }
-            if let Some((c, _)) = conn.take() {
-                c.close(VarInt::from_u32(CODE_TIMEOUT), b"write failed");
+            if let Some(out) = conn.take() {
+                out.conn
+                    .close(VarInt::from_u32(CODE_TIMEOUT), b"write failed");
             }
         }
         match result {
@@ -523,8 +588,21 @@ async fn peer_task(shared: Arc<Shared>, peer: String, mut queue: mpsc::Receiver<
             }
         };
     }
-    if let Some((c, _)) = conn {
-        c.close(VarInt::from_u32(CODE_SHUTDOWN), b"forgotten");
+    if let Some(out) = conn {
+        out.conn
+            .close(VarInt::from_u32(CODE_SHUTDOWN), b"forgotten");
+    }
+}
+
+/// Whether the peer closed a connection because it refused this node (as opposed to
+/// shutting down or timing out): our hello or certificate, or a TLS alert.
+fn refused_us(reason: &ConnectionError) -> bool {
+    match reason {
+        ConnectionError::ApplicationClosed(close) => {
+            close.error_code == VarInt::from_u32(CODE_REFUSED)
+        }
+        ConnectionError::ConnectionClosed(_) | ConnectionError::TransportError(_) => true,
+        _ => false,
     }
 }
 
@@ -804,6 +882,20 @@ mod tests {
             let (impostor, _rx) = QuicTransport::bind_tls(any_port(), "node-b", &tls).unwrap();
             impostor.send("node-a", a.local_addr(), Bytes::from_static(b"i am b"));
             wait_stat(&a, 1, |s| s.handshakes_refused).await;
+            nothing(&mut a_rx).await;
+
+            // Refused, the impostor backs off instead of reconnecting for every frame.
+            for _ in 0..100 {
+                impostor.send("node-a", a.local_addr(), Bytes::from_static(b"i am b"));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let refusals = a.stats().handshakes_refused;
+            assert!((2..=10).contains(&refusals), "{refusals} refusals in ~1 s");
+            assert!(
+                impostor.stats().send_failures > 50,
+                "{:?}",
+                impostor.stats()
+            );
             nothing(&mut a_rx).await;
 
             // Binding with a certificate for another id fails up front.
