@@ -8,7 +8,8 @@
 //! - [`store`]: the sharded, bounded keyed store that owns concurrency and eviction.
 //! - [`engine`]: rules + store + clock; the only reader of the time.
 //! - [`clock`]: the [`Clock`](clock::Clock) trait, the system clock and a manual clock.
-//! - [`cluster`]: membership by gossip (chitchat): who is alive, what each node publishes.
+//! - [`cluster`]: global limits across nodes: the round protocol (sans-IO), membership by
+//!   gossip (chitchat), frames over QUIC with mutual TLS, and the shell that runs them.
 //! - [`counter`]: cluster-wide counts of global rules as CRDT counters with dot deltas; pure.
 //! - [`wire`]: the one versioned codec for every message between nodes.
 //! - [`config`]: TOML + environment + flags, validated into one [`Config`](config::Config).

@@ -34,6 +34,26 @@ enum Command {
         #[command(subcommand)]
         command: ConfigCommand,
     },
+    /// Write a cluster CA and a certificate per node for mutual TLS ([cluster.tls]).
+    Certs(CertsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct CertsArgs {
+    /// The directory to write into (created if missing).
+    #[arg(long)]
+    out: PathBuf,
+    /// A node id (a lower-case DNS name such as node-a); repeat, or separate with commas.
+    #[arg(
+        long = "node",
+        visible_alias = "nodes",
+        value_delimiter = ',',
+        required = true
+    )]
+    nodes: Vec<String>,
+    /// Overwrite files that already exist.
+    #[arg(long)]
+    force: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -107,6 +127,26 @@ fn main() -> ExitCode {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => config_check(&file),
+        Command::Certs(args) => certs(&args),
+    }
+}
+
+fn certs(args: &CertsArgs) -> ExitCode {
+    match gossamer::cluster::tls::write_certs(&args.out, &args.nodes, args.force) {
+        Ok(written) => {
+            for path in &written {
+                println!("wrote {}", path.display());
+            }
+            println!(
+                "give each node ca.pem, <node>.pem and <node>-key.pem ([cluster.tls] ca, cert, \
+                 key); keep ca-key.pem off the nodes"
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("gossamer: {e}");
+            ExitCode::from(EXIT_ERROR)
+        }
     }
 }
 

@@ -266,7 +266,7 @@ fn help_flag_lists_the_subcommands_and_exits_0() {
     let out = run(&["--help"]);
     assert_eq!(out.status.code(), Some(0));
     let help = text(&out.stdout);
-    for word in ["serve", "check", "config", "Usage"] {
+    for word in ["serve", "check", "config", "certs", "Usage"] {
         assert!(help.contains(word), "{word} missing from:\n{help}");
     }
 }
@@ -473,4 +473,80 @@ fn serve_listens_where_gossamer_http_says_and_check_reads_gossamer_url() {
 
     let status = server.terminate();
     assert_eq!(status.code(), Some(0), "serve exited with {status}");
+}
+
+/// A directory path under the temp dir with a unique name, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("gossamer-cli-certs-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        TempDir(path)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().expect("temp path is UTF-8")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn certs_writes_a_ca_and_node_certs_and_refuses_to_overwrite() {
+    let dir = TempDir::new();
+    let out = run(&[
+        "certs",
+        "--out",
+        dir.arg(),
+        "--node",
+        "node-a",
+        "--nodes",
+        "node-b,node-c",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    for file in [
+        "ca.pem",
+        "ca-key.pem",
+        "node-a.pem",
+        "node-b-key.pem",
+        "node-c.pem",
+    ] {
+        assert!(dir.0.join(file).is_file(), "{file} missing");
+        assert!(stdout.contains(file), "{file} not listed in:\n{stdout}");
+    }
+
+    let again = run(&["certs", "--out", dir.arg(), "--node", "node-a"]);
+    assert_eq!(again.status.code(), Some(2));
+    let stderr = text(&again.stderr);
+    assert!(
+        stderr.contains("ca.pem") && stderr.contains("--force"),
+        "{stderr}"
+    );
+
+    let forced = run(&["certs", "--out", dir.arg(), "--node", "node-a", "--force"]);
+    assert_eq!(forced.status.code(), Some(0), "{}", text(&forced.stderr));
+}
+
+#[test]
+fn certs_with_a_bad_or_no_node_id_exits_2() {
+    let dir = TempDir::new();
+    let bad = run(&["certs", "--out", dir.arg(), "--node", "Node_A"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        text(&bad.stderr).contains("Node_A"),
+        "{}",
+        text(&bad.stderr)
+    );
+    let none = run(&["certs", "--out", dir.arg()]);
+    assert_eq!(none.status.code(), Some(2));
+    assert!(!dir.0.exists(), "nothing written");
 }

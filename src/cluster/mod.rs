@@ -2,6 +2,12 @@
 //!
 //! - [`global`]: the round protocol and global admission, sans-IO (docs/design.md).
 //! - [`membership`]: who is in the cluster, over chitchat (UDP gossip).
+//! - [`quic`]: frames between peers over QUIC, one frame per unidirectional stream.
+//! - [`tls`]: mutual TLS under a cluster CA (or ephemeral, unauthenticated certificates).
+//! - [`node`]: the shell that runs the round protocol over membership and QUIC.
 
 pub mod global;
 pub mod membership;
+pub mod node;
+pub mod quic;
+pub mod tls;

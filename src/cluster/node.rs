@@ -1,0 +1,448 @@
+//! The cluster shell around [`Global`]: membership (chitchat over UDP), frames over QUIC, and
+//! the round clock. Everything it decides is decided by [`Global`]; this module only moves
+//! bytes and time:
+//!
+//! - a *round task* sleeps until [`Global::next_tick`], runs [`Global::tick`] and sends what
+//!   it returns;
+//! - an *inbound task* decodes each frame the transport delivers (already authenticated) and
+//!   hands it to [`Global::receive`];
+//! - a *membership task* turns chitchat's member list into [`Global::set_members`] and keeps
+//!   the QUIC address of every member.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use super::global::{Global, MemberInfo, Output, Reject};
+use super::membership::{Member, Membership, MembershipConfig, NodeMeta};
+use super::quic::{Inbound, QuicTransport};
+use super::tls::Security;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::limiter::Nanos;
+use crate::wire::{self, Message};
+
+/// Why the cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    /// The QUIC transport could not start (address in use, bad TLS files).
+    #[error("cluster transport: {0}")]
+    Transport(#[from] super::quic::TransportError),
+    /// Membership could not start.
+    #[error("cluster membership: {0}")]
+    Membership(#[from] super::membership::MembershipError),
+    /// `--advertise` does not resolve to one address.
+    #[error("advertise address {0:?} does not resolve")]
+    Advertise(String),
+}
+
+/// Counts for metrics.
+#[derive(Debug, Default)]
+struct Counts {
+    rejected: BTreeMap<&'static str, u64>,
+    oversized: u64,
+}
+
+/// A running cluster node.
+#[derive(Debug)]
+pub struct Cluster {
+    global: Arc<Global>,
+    membership: Membership,
+    transport: QuicTransport,
+    addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
+    counts: Arc<Mutex<Counts>>,
+    tasks: Vec<JoinHandle<()>>,
+    started: tokio::time::Instant,
+    ready_timeout: Duration,
+}
+
+impl Cluster {
+    /// Starts membership, the QUIC transport and the round task for `global`.
+    pub async fn start(
+        config: &Config,
+        global: Arc<Global>,
+        clock: Arc<dyn Clock>,
+        rules_hash: String,
+    ) -> Result<Cluster, ClusterError> {
+        let c = &config.cluster;
+        let Some(gossip) = c.gossip else {
+            unreachable!("a cluster starts only with a gossip address")
+        };
+        let quic = c.quic_addr().unwrap_or(gossip);
+        let node_id = global.me().node.clone();
+        let security = match &c.tls {
+            Some(files) => Security::Mutual {
+                ca: files.ca.clone(),
+                cert: files.cert.clone(),
+                key: files.key.clone(),
+            },
+            None => Security::Ephemeral,
+        };
+        let (transport, inbound) = QuicTransport::bind(quic, &node_id, &security).await?;
+        if !transport.secure() {
+            warn!(
+                "cluster traffic is not authenticated: no [cluster.tls] configured, so peers use ephemeral self-signed certificates (run `gossamer certs` to make a cluster CA)"
+            );
+        }
+        let advertise = match &c.advertise {
+            Some(a) => resolve(a)
+                .await
+                .ok_or_else(|| ClusterError::Advertise(a.clone()))?,
+            None => gossip,
+        };
+        let advertised_quic = SocketAddr::new(advertise.ip(), transport.local_addr().port());
+        let membership = Membership::start(
+            MembershipConfig {
+                node_id: node_id.clone(),
+                generation: global.me().generation,
+                listen: gossip,
+                advertise,
+                seeds: c.seeds.clone(),
+                cluster_id: c.cluster_id.clone(),
+                gossip_interval: c.gossip_interval,
+                phi_threshold: c.phi_threshold,
+                dead_node_grace_period: c.dead_node_grace,
+                marked_for_deletion_grace_period: c.dead_node_grace,
+            },
+            NodeMeta {
+                quic_addr: advertised_quic,
+                version: env!("CARGO_PKG_VERSION").to_owned(),
+                rules_hash,
+            },
+        )
+        .await?;
+        info!(%gossip, quic = %transport.local_addr(), %advertise, seeds = ?c.seeds, secure = transport.secure(), "cluster started");
+        let addrs = Arc::new(Mutex::new(HashMap::new()));
+        let counts = Arc::new(Mutex::new(Counts::default()));
+        let sender = Sender {
+            transport: transport.clone(),
+            addrs: addrs.clone(),
+            counts: counts.clone(),
+        };
+        let tasks = vec![
+            tokio::spawn(rounds(global.clone(), clock.clone(), sender.clone())),
+            tokio::spawn(receive(global.clone(), clock, inbound, sender.clone())),
+            tokio::spawn(members(global.clone(), membership.watch(), sender)),
+        ];
+        Ok(Cluster {
+            global,
+            membership,
+            transport,
+            addrs,
+            counts,
+            tasks,
+            started: tokio::time::Instant::now(),
+            ready_timeout: c.ready_timeout,
+        })
+    }
+
+    /// Whether `/readyz` may say 200: the node has pulled the counts of every live peer, or
+    /// the ready timeout passed and it has at least one peer's (or has no peer).
+    pub fn ready(&self) -> bool {
+        self.global.pulled()
+            || (self.started.elapsed() >= self.ready_timeout && self.global.pulled_any())
+    }
+
+    /// Whether peers authenticate each other (mutual TLS).
+    pub fn secure(&self) -> bool {
+        self.transport.secure()
+    }
+
+    /// Every member this node knows, itself included.
+    pub fn members(&self) -> Vec<Member> {
+        self.membership.members()
+    }
+
+    /// Peers the round protocol suspects (frames missing).
+    pub fn suspected(&self) -> Vec<String> {
+        self.global.suspected()
+    }
+
+    /// Peers whose rules differ from ours.
+    pub fn mismatched_rules(&self) -> Vec<String> {
+        self.membership.mismatched_rules()
+    }
+
+    /// Prometheus text for the cluster's counters.
+    pub fn render_metrics(&self, out: &mut String) {
+        use std::fmt::Write;
+        let stats = self.global.stats();
+        let t = self.transport.stats();
+        let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let members = self.membership.members();
+        let alive = members.iter().filter(|m| m.alive).count();
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_members Members known, by state."
+        );
+        let _ = writeln!(out, "# TYPE gossamer_cluster_members gauge");
+        let _ = writeln!(out, "gossamer_cluster_members{{state=\"alive\"}} {alive}");
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_members{{state=\"dead\"}} {}",
+            members.len() - alive
+        );
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_rounds_total Round instants, by whether this node could lease."
+        );
+        let _ = writeln!(out, "# TYPE gossamer_cluster_rounds_total counter");
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_rounds_total{{state=\"consistent\"}} {}",
+            stats.consistent_rounds
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_rounds_total{{state=\"degraded\"}} {}",
+            stats.degraded_rounds
+        );
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_frames_rejected_total Frames or reports from peers dropped, by reason."
+        );
+        let _ = writeln!(out, "# TYPE gossamer_cluster_frames_rejected_total counter");
+        for reason in [
+            Reject::Impostor,
+            Reject::NotMember,
+            Reject::StaleGeneration,
+            Reject::RoundOutOfRange,
+            Reject::Unexpected,
+        ] {
+            let n = counts.rejected.get(reason.name()).copied().unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "gossamer_cluster_frames_rejected_total{{reason=\"{}\"}} {n}",
+                reason.name()
+            );
+        }
+        let malformed = counts.rejected.get("malformed").copied().unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_frames_rejected_total{{reason=\"malformed\"}} {malformed}"
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_frames_rejected_total{{reason=\"bad_report\"}} {}",
+            stats.reports_dropped
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_frames_rejected_total{{reason=\"own_actor\"}} {}",
+            stats.own_dots_refused
+        );
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_frames_too_large_total Outgoing messages over the frame limit, not sent."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE gossamer_cluster_frames_too_large_total counter"
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_frames_too_large_total {}",
+            counts.oversized
+        );
+        let _ = writeln!(out, "# HELP gossamer_cluster_transport Transport counters.");
+        let _ = writeln!(out, "# TYPE gossamer_cluster_transport counter");
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_transport{{what=\"frames_sent\"}} {}",
+            t.frames_sent
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_transport{{what=\"frames_received\"}} {}",
+            t.frames_received
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_transport{{what=\"bytes_sent\"}} {}",
+            t.bytes_sent
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_transport{{what=\"bytes_received\"}} {}",
+            t.bytes_received
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_transport{{what=\"handshakes_refused\"}} {}",
+            t.handshakes_refused
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_transport{{what=\"send_failures\"}} {}",
+            t.send_failures
+        );
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_transport{{what=\"queue_drops\"}} {}",
+            t.queue_drops
+        );
+    }
+
+    /// Leaves the cluster (peers see the leave at once) and stops every task.
+    pub async fn shutdown(self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+        if let Err(e) = self.membership.leave().await {
+            debug!(error = %e, "leaving the cluster");
+        }
+        self.transport.shutdown().await;
+        let _ = &self.addrs;
+    }
+}
+
+async fn resolve(host_port: &str) -> Option<SocketAddr> {
+    tokio::net::lookup_host(host_port).await.ok()?.next()
+}
+
+/// Encodes and sends [`Output`]s.
+#[derive(Clone, Debug)]
+struct Sender {
+    transport: QuicTransport,
+    addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
+    counts: Arc<Mutex<Counts>>,
+}
+
+impl Sender {
+    fn send(&self, outputs: Vec<Output>) {
+        for output in outputs {
+            let (to, message) = match output {
+                Output::ToAll(m) => (None, m),
+                Output::To(node, m) => (Some(node), m),
+            };
+            let frame = match wire::encode(&message) {
+                Ok(f) => Bytes::from(f),
+                Err(e) => {
+                    warn!(error = %e, "cannot send a cluster message");
+                    self.counts
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .oversized += 1;
+                    continue;
+                }
+            };
+            let addrs = self.addrs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            for (node, addr) in addrs {
+                if to.as_ref().is_none_or(|t| *t == node) {
+                    self.transport.send(&node, addr, frame.clone());
+                }
+            }
+        }
+    }
+}
+
+async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
+    loop {
+        let now = clock.now();
+        let next = global.next_tick(now);
+        if next > now {
+            clock.sleep(next - now).await;
+        }
+        let g = global.clone();
+        let now = clock.now();
+        // A round visits every key: keep it off the async workers.
+        match tokio::task::spawn_blocking(move || g.tick(now)).await {
+            Ok(out) => sender.send(out),
+            Err(e) => warn!(error = %e, "round failed"),
+        }
+    }
+}
+
+async fn receive(
+    global: Arc<Global>,
+    clock: Arc<dyn Clock>,
+    mut inbound: tokio::sync::mpsc::Receiver<Inbound>,
+    sender: Sender,
+) {
+    while let Some(Inbound { peer, frame, .. }) = inbound.recv().await {
+        let reject = |reason: &'static str| {
+            *sender
+                .counts
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .rejected
+                .entry(reason)
+                .or_default() += 1;
+        };
+        let message = match wire::decode(&frame) {
+            Ok(m) => m,
+            Err(e) => {
+                debug!(%peer, error = %e, "dropped a malformed frame");
+                reject("malformed");
+                continue;
+            }
+        };
+        let is_repair = matches!(message, Message::Repair { .. });
+        match global.receive(&peer, message, clock.now()) {
+            Ok(out) => sender.send(out),
+            Err(r) => {
+                debug!(%peer, reason = r.name(), "dropped a frame");
+                reject(r.name());
+            }
+        }
+        if is_repair {
+            debug!(%peer, "applied a repair");
+        }
+    }
+}
+
+async fn members(
+    global: Arc<Global>,
+    mut watch: tokio::sync::watch::Receiver<Vec<Member>>,
+    sender: Sender,
+) {
+    loop {
+        let list = watch.borrow_and_update().clone();
+        let mut infos = Vec::new();
+        {
+            let mut addrs = sender.addrs.lock().unwrap_or_else(|p| p.into_inner());
+            addrs.clear();
+            for m in list.iter().filter(|m| !m.is_self) {
+                let Some(meta) = &m.meta else { continue };
+                // The newest generation of each node id wins.
+                if list
+                    .iter()
+                    .any(|o| o.node_id == m.node_id && o.generation > m.generation)
+                {
+                    continue;
+                }
+                addrs.insert(m.node_id.clone(), meta.quic_addr);
+                infos.push(MemberInfo {
+                    actor: crate::counter::Actor::new(m.node_id.clone(), m.generation),
+                    alive: m.alive,
+                });
+            }
+        }
+        let out = global.set_members(&infos);
+        sender.send(out);
+        if watch.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A hash of the global rules as configured, so peers with different rules are reported.
+pub fn rules_hash(config: &Config) -> String {
+    let text = format!("{:?}", config.rules);
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// Nanoseconds, for the generation of a starting node: its start time in milliseconds.
+pub fn generation(now: Nanos) -> u64 {
+    now / 1_000_000
+}
