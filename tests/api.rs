@@ -1041,26 +1041,37 @@ async fn status_of_partly_spent_token_bucket_reports_remaining_and_reset() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_lists_this_node_as_the_only_alive_member() {
+async fn cluster_of_one_lists_this_node_and_says_it_is_not_secure() {
     within(async {
-        let with_gossip = format!("{RULES}\n[cluster]\ngossip = \"127.0.0.1:7946\"\n");
+        let gossip = std::net::UdpSocket::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let with_gossip =
+            format!("{RULES}\n[cluster]\ngossip = \"{gossip}\"\nquic = \"127.0.0.1:0\"\n");
         let node = TestNode::start(&with_gossip).await;
         let reply = get(&mut node.client().await, "/v1/cluster").await;
         assert_eq!(reply.status, 200);
-        assert_eq!(
-            reply.json(),
-            json!({
-                "node_id": "test-node",
-                "members": [{"node_id": "test-node", "gossip": "127.0.0.1:7946", "alive": true}],
-            })
-        );
+        let v = reply.json();
+        assert_eq!(v["clustered"], json!(true));
+        assert_eq!(v["secure"], json!(false));
+        assert_eq!(v["ready"], json!(true));
+        let members = v["members"].as_array().unwrap();
+        assert_eq!(members.len(), 1);
+        assert_eq!(members[0]["node_id"], json!("test-node"));
+        assert_eq!(members[0]["gossip"], json!(gossip.to_string()));
+        assert_eq!(members[0]["alive"], json!(true));
+        assert_eq!(members[0]["self"], json!(true));
+        assert!(members[0]["generation"].as_u64().unwrap() > 0);
         let plain = TestNode::start(RULES).await;
         let reply = get(&mut plain.client().await, "/v1/cluster").await;
         assert_eq!(
             reply.json(),
             json!({
                 "node_id": "test-node",
-                "members": [{"node_id": "test-node", "gossip": null, "alive": true}],
+                "clustered": false,
+                "secure": false,
+                "members": [{"node_id": "test-node", "gossip": null, "alive": true, "self": true}],
             })
         );
     })

@@ -60,6 +60,8 @@ pub struct App {
     pub gossip: Option<SocketAddr>,
     /// False once the node starts shutting down (`/readyz` then answers 503).
     pub ready: AtomicBool,
+    /// The cluster, when this node is part of one.
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::node::Cluster>>,
     /// How long a client may take to send its body.
     pub request_timeout: Duration,
     /// Per rule, its `RateLimit-Policy` header and the policy names `RateLimit` refers to.
@@ -123,6 +125,7 @@ impl App {
             node_id,
             gossip,
             ready: AtomicBool::new(true),
+            cluster: std::sync::OnceLock::new(),
             request_timeout,
             policies,
         }
@@ -576,19 +579,55 @@ fn number_header(n: u64) -> HeaderValue {
 }
 
 async fn cluster(State(app): State<Arc<App>>) -> Response {
+    let Some(cluster) = app.cluster.get() else {
+        return axum::Json(serde_json::json!({
+            "node_id": app.node_id,
+            "clustered": false,
+            "secure": false,
+            "members": [{
+                "node_id": app.node_id,
+                "gossip": app.gossip.map(|a| a.to_string()),
+                "alive": true,
+                "self": true,
+            }],
+        }))
+        .into_response();
+    };
+    let suspected = cluster.suspected();
+    let mismatched = cluster.mismatched_rules();
+    let members: Vec<serde_json::Value> = cluster
+        .members()
+        .into_iter()
+        .map(|m| {
+            serde_json::json!({
+                "node_id": m.node_id,
+                "generation": m.generation,
+                "gossip": m.gossip_addr.to_string(),
+                "quic": m.meta.as_ref().map(|meta| meta.quic_addr.to_string()),
+                "version": m.meta.as_ref().map(|meta| meta.version.clone()),
+                "alive": m.alive,
+                "self": m.is_self,
+                "last_seen_ms": m.last_seen.map(|d| d.as_millis() as u64),
+                "suspected": suspected.contains(&m.node_id),
+                "rules_match": !mismatched.contains(&m.node_id),
+            })
+        })
+        .collect();
     axum::Json(serde_json::json!({
         "node_id": app.node_id,
-        "members": [{
-            "node_id": app.node_id,
-            "gossip": app.gossip.map(|a| a.to_string()),
-            "alive": true,
-        }],
+        "clustered": true,
+        "secure": cluster.secure(),
+        "ready": cluster.ready(),
+        "members": members,
     }))
     .into_response()
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let text = crate::metrics::render(&app.engine, &app.metrics);
+    let mut text = crate::metrics::render(&app.engine, &app.metrics);
+    if let Some(cluster) = app.cluster.get() {
+        cluster.render_metrics(&mut text);
+    }
     (
         [(
             header::CONTENT_TYPE,
@@ -604,6 +643,13 @@ async fn healthz() -> Response {
 }
 
 async fn readyz(State(app): State<Arc<App>>) -> Response {
+    if app.cluster.get().is_some_and(|c| !c.ready()) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(serde_json::json!({"status": "pulling cluster state"})),
+        )
+            .into_response();
+    }
     if app.ready.load(Ordering::Relaxed) {
         axum::Json(serde_json::json!({"status": "ready"})).into_response()
     } else {

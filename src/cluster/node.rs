@@ -52,7 +52,10 @@ struct Counts {
 #[derive(Debug)]
 pub struct Cluster {
     global: Arc<Global>,
-    membership: Membership,
+    /// Taken on shutdown (leaving consumes it).
+    membership: Mutex<Option<Membership>>,
+    /// A snapshot of the members, refreshed by the membership task (for `/v1/cluster`).
+    view: tokio::sync::watch::Receiver<Vec<Member>>,
     transport: QuicTransport,
     addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
     counts: Arc<Mutex<Counts>>,
@@ -131,7 +134,8 @@ impl Cluster {
         ];
         Ok(Cluster {
             global,
-            membership,
+            view: membership.watch(),
+            membership: Mutex::new(Some(membership)),
             transport,
             addrs,
             counts,
@@ -155,7 +159,10 @@ impl Cluster {
 
     /// Every member this node knows, itself included.
     pub fn members(&self) -> Vec<Member> {
-        self.membership.members()
+        match &*self.membership.lock().unwrap_or_else(|p| p.into_inner()) {
+            Some(m) => m.members(),
+            None => self.view.borrow().clone(),
+        }
     }
 
     /// Peers the round protocol suspects (frames missing).
@@ -165,7 +172,12 @@ impl Cluster {
 
     /// Peers whose rules differ from ours.
     pub fn mismatched_rules(&self) -> Vec<String> {
-        self.membership.mismatched_rules()
+        self.membership
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(Membership::mismatched_rules)
+            .unwrap_or_default()
     }
 
     /// Prometheus text for the cluster's counters.
@@ -174,7 +186,7 @@ impl Cluster {
         let stats = self.global.stats();
         let t = self.transport.stats();
         let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let members = self.membership.members();
+        let members = self.members();
         let alive = members.iter().filter(|m| m.alive).count();
         let _ = writeln!(
             out,
@@ -289,15 +301,22 @@ impl Cluster {
     }
 
     /// Leaves the cluster (peers see the leave at once) and stops every task.
-    pub async fn shutdown(self) {
+    pub async fn shutdown(&self) {
         for t in &self.tasks {
             t.abort();
         }
-        if let Err(e) = self.membership.leave().await {
+        let membership = self
+            .membership
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        if let Some(m) = membership
+            && let Err(e) = m.leave().await
+        {
             debug!(error = %e, "leaving the cluster");
         }
-        self.transport.shutdown().await;
-        let _ = &self.addrs;
+        self.transport.clone().shutdown().await;
+        self.addrs.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
 

@@ -17,7 +17,10 @@ use tracing::{debug, info, warn};
 
 use crate::api::{App, Service};
 use crate::clock::Clock;
+use crate::cluster::global::Params;
+use crate::cluster::node::{Cluster, generation, rules_hash};
 use crate::config::Config;
+use crate::counter::Actor;
 use crate::engine::Engine;
 
 mod watchdog;
@@ -31,16 +34,42 @@ pub struct Node {
 }
 
 impl Node {
-    /// Builds the engine from `config` and binds the HTTP listener.
+    /// Builds the engine from `config` and binds the HTTP listener. With a gossip address,
+    /// also joins the cluster: global rules are then counted across it.
     pub async fn bind(config: Config, clock: Arc<dyn Clock>) -> io::Result<Node> {
         let listener = TcpListener::bind(config.server.http).await?;
-        let engine = Engine::new(config.rules.clone(), config.server.max_keys, clock);
+        let max_keys = config.server.max_keys;
+        let (engine, global) = if config.cluster.gossip.is_some() {
+            let round = config.cluster.gossip_interval.as_nanos() as u64;
+            let params = Params {
+                round,
+                settle: round / 4,
+                on_partition: config.cluster.on_partition,
+                ..Params::default()
+            };
+            let me = Actor::new(config.server.node_id.clone(), generation(clock.now()));
+            let (engine, global) =
+                Engine::clustered(config.rules.clone(), max_keys, clock.clone(), me, params)
+                    .map_err(io::Error::other)?;
+            (engine, Some(global))
+        } else {
+            (
+                Engine::new(config.rules.clone(), max_keys, clock.clone()),
+                None,
+            )
+        };
         let app = App::new(
             engine,
             config.server.node_id.clone(),
             config.cluster.gossip,
             config.server.request_timeout,
         );
+        if let Some(global) = global {
+            let cluster = Cluster::start(&config, global, clock, rules_hash(&config))
+                .await
+                .map_err(io::Error::other)?;
+            let _ = app.cluster.set(Arc::new(cluster));
+        }
         Ok(Node {
             listener,
             app: Arc::new(app),
@@ -118,6 +147,10 @@ impl Node {
         app.ready.store(false, Ordering::Relaxed);
         drop(listener);
         sweeper.abort();
+        if let Some(cluster) = app.cluster.get() {
+            // Leave first, so peers stop waiting for this node's frames at once.
+            cluster.shutdown().await;
+        }
         info!(grace = ?server.shutdown_grace, "shutting down: draining in-flight requests");
         match tokio::time::timeout(server.shutdown_grace, graceful.shutdown()).await {
             Ok(()) => info!("all connections closed"),
