@@ -207,6 +207,42 @@ impl Engine {
         cost: u64,
         max_wait: Nanos,
     ) -> Result<Checked<'_>, UnknownRule> {
+        let checked = self.check_uncounted(rule, key, cost, max_wait)?;
+        self.count(&checked);
+        Ok(checked)
+    }
+
+    /// Counts a check's outcome (what [`Engine::check`] does after deciding).
+    pub fn count(&self, checked: &Checked<'_>) {
+        checked.rule.outcomes.add(checked.outcome as usize, 1);
+    }
+
+    /// How long to hold a check that a clustered rule denied only because this node holds no
+    /// lease for the key yet (a new key in the few milliseconds between a round's boundary
+    /// and its instant, docs/design.md §3.3.1): the wait until the instant, when the key gets
+    /// its lease. `None` for every other decision.
+    pub fn lease_pause(&self, checked: &Checked<'_>, cost: u64) -> Option<Nanos> {
+        let (global, _) = checked.rule.global.as_ref()?;
+        match checked.decision.verdict {
+            Verdict::Deny { retry_after }
+                if checked.outcome == Outcome::Denied
+                    && checked.decision.remaining >= cost
+                    && retry_after <= global.params().settle + crate::limiter::MILLISECOND =>
+            {
+                Some(retry_after)
+            }
+            _ => None,
+        }
+    }
+
+    /// [`Engine::check`] without counting the outcome.
+    pub fn check_uncounted(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        max_wait: Nanos,
+    ) -> Result<Checked<'_>, UnknownRule> {
         let state = self.rule(rule)?;
         let limits = &state.rule.limits[..];
         let now = self.clock.now();
@@ -243,7 +279,6 @@ impl Engine {
                 (0, d, Outcome::StoreFull)
             }
         };
-        state.outcomes.add(outcome as usize, 1);
         Ok(Checked {
             rule: state,
             limit_index,

@@ -344,10 +344,19 @@ async fn status(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Respo
 /// Runs a validated check and, for a shaping rule, holds the caller as long as decided.
 async fn check(app: &App, request: CheckRequest<'_>) -> Result<Response<Full<Bytes>>, ApiError> {
     let started = Instant::now();
-    let checked = app
-        .engine
-        .check(request.rule, request.key, request.cost, request.wait)
+    let engine = &app.engine;
+    let mut checked = engine
+        .check_uncounted(request.rule, request.key, request.cost, request.wait)
         .map_err(|e| ApiError::UnknownRule(e.0))?;
+    // A clustered key this node holds no lease for yet gets one within milliseconds: wait
+    // for it rather than answer 429 (Retry-After would round that up to a second).
+    if let Some(pause) = engine.lease_pause(&checked, request.cost) {
+        engine.clock().sleep(pause).await;
+        checked = engine
+            .check_uncounted(request.rule, request.key, request.cost, request.wait)
+            .map_err(|e| ApiError::UnknownRule(e.0))?;
+    }
+    engine.count(&checked);
     let wait = match checked.decision.verdict {
         Verdict::Admit { wait } => wait,
         _ => 0,

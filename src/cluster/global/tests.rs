@@ -540,3 +540,25 @@ fn config_periods_must_fit_rounds() {
     .unwrap_err();
     assert!(err.to_string().contains("multiple of 100 ms"), "{err}");
 }
+
+#[test]
+fn a_new_key_in_the_gap_is_told_to_wait_until_the_instant_then_admitted() {
+    let mut sim = Sim::new(3, rules_fixed(), Params::default(), 23);
+    sim.advance(300 * MS);
+    // Just after a boundary: the gap before the instant.
+    let to_boundary = DEFAULT_ROUND - sim.now % DEFAULT_ROUND;
+    sim.advance(to_boundary + 5 * MS);
+    let d = sim.check(0, "api", "fresh", 1);
+    assert_eq!(
+        d.verdict,
+        Verdict::Deny {
+            retry_after: 20 * MS
+        }
+    );
+    assert_eq!(d.remaining, 100);
+    sim.advance(20 * MS);
+    assert!(sim.check(0, "api", "fresh", 1).allowed());
+    // Outside the gap a new key is admitted at once (a starter).
+    sim.advance(30 * MS);
+    assert!(sim.check(1, "api", "other", 1).allowed());
+}
