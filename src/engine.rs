@@ -235,6 +235,15 @@ impl Engine {
         }
     }
 
+    /// Instants the cluster has processed (0 without a cluster): see [`Engine::lease_pause`].
+    pub fn instants(&self, checked: &Checked<'_>) -> u64 {
+        checked
+            .rule
+            .global
+            .as_ref()
+            .map_or(0, |(global, _)| global.instants())
+    }
+
     /// [`Engine::check`] without counting the outcome.
     pub fn check_uncounted(
         &self,

@@ -351,7 +351,15 @@ async fn check(app: &App, request: CheckRequest<'_>) -> Result<Response<Full<Byt
     // A clustered key this node holds no lease for yet gets one within milliseconds: wait
     // for it rather than answer 429 (Retry-After would round that up to a second).
     if let Some(pause) = engine.lease_pause(&checked, request.cost) {
+        let seen = engine.instants(&checked);
         engine.clock().sleep(pause).await;
+        // The round task may run the instant a little late: give it a few milliseconds.
+        for _ in 0..10 {
+            if engine.instants(&checked) != seen {
+                break;
+            }
+            engine.clock().sleep(MILLISECOND).await;
+        }
         checked = engine
             .check_uncounted(request.rule, request.key, request.cost, request.wait)
             .map_err(|e| ApiError::UnknownRule(e.0))?;

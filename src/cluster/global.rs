@@ -514,6 +514,8 @@ pub struct Global {
     phase: AtomicU64,
     /// Participants (this node included) at the last instant.
     participants: AtomicU64,
+    /// Instants processed so far (for callers waiting for the next lease).
+    instants: AtomicU64,
     round: Mutex<RoundState>,
 }
 
@@ -597,12 +599,19 @@ impl Global {
             by_name,
             phase: AtomicU64::new(0),
             participants: AtomicU64::new(1),
+            instants: AtomicU64::new(0),
         })
     }
 
     /// This node's actor.
     pub fn me(&self) -> &Actor {
         &self.me
+    }
+
+    /// How many instants this node has processed: a caller told to wait for the next lease
+    /// can tell when it has come.
+    pub fn instants(&self) -> u64 {
+        self.instants.load(Ordering::Acquire)
     }
 
     /// The protocol parameters.
@@ -1289,6 +1298,7 @@ impl Global {
             open: true,
             consistent,
         });
+        self.instants.fetch_add(1, Ordering::Release);
     }
 
     /// Every participant's published demand for a key: `(node, demand, reachable)`, this node
