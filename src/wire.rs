@@ -86,6 +86,11 @@ pub struct RoundFrame {
     /// sender's complete state through round `r - 1` is complete through `round` (a frame or
     /// two lost in between cost nothing).
     pub since: Option<u64>,
+    /// This frame is part `part` (from 0) of `parts`: a round's reports are split so that no
+    /// frame exceeds [`MAX_FRAME_BYTES`]; the round counts as received when all parts are in.
+    pub part: u32,
+    /// How many parts the round's frame has (at least 1).
+    pub parts: u32,
     /// Per key: demand, own counts and gap credit.
     pub keys: Vec<KeyReport>,
 }
@@ -227,15 +232,20 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             proptest::option::of(any::<u64>()),
+            (any::<u32>(), any::<u32>()),
             proptest::collection::vec(key, 0..6),
         )
-            .prop_map(|(from, round, view, since, keys)| RoundFrame {
-                from,
-                round,
-                view,
-                since,
-                keys,
-            })
+            .prop_map(
+                |(from, round, view, since, (part, parts), keys)| RoundFrame {
+                    from,
+                    round,
+                    view,
+                    since,
+                    part,
+                    parts,
+                    keys,
+                },
+            )
     }
 
     fn message() -> impl Strategy<Value = Message> {

@@ -51,6 +51,10 @@ pub const REPEAT: u64 = 3;
 /// A sliding window log is counted in the cluster per sub-slot of `period / k`, with k the
 /// largest number up to this for which a sub-slot is a whole number of rounds.
 pub const LOG_SUBSLOTS: u64 = 16;
+/// A round's reports are split into parts of at most about this many encoded bytes.
+pub const PART_BYTES: usize = 768 * 1024;
+/// The most parts a round's frame may have (bounds what a peer can make a node buffer).
+pub const MAX_PARTS: u32 = 64;
 /// Fixed-point scale of a bucket share: `SHARE_ONE` is the whole rate.
 pub const SHARE_ONE: u64 = 1 << 20;
 /// The demand-independent part of a window lease weight: 1/20 spread evenly (design §3.3.1).
@@ -155,6 +159,8 @@ pub enum Reject {
     RoundOutOfRange,
     /// A message kind this node does not expect from peers.
     Unexpected,
+    /// A round frame whose part numbers make no sense.
+    BadParts,
 }
 
 impl Reject {
@@ -166,6 +172,7 @@ impl Reject {
             Reject::StaleGeneration => "stale_generation",
             Reject::RoundOutOfRange => "round_out_of_range",
             Reject::Unexpected => "unexpected",
+            Reject::BadParts => "bad_parts",
         }
     }
 }
@@ -296,6 +303,8 @@ struct WState {
     grants: Vec<Grant>,
     /// The gap credit published at the last boundary: `(slot, units)`.
     published_credit: Option<(u64, u64)>,
+    /// What the last fully consistent instant allotted, for ghosts during a partition.
+    hold: Option<Box<HoldRecord>>,
 }
 
 impl WState {
@@ -437,8 +446,8 @@ struct Phase {
 struct Peer {
     actor: Actor,
     alive: bool,
-    /// Frames received, by round, not yet applied.
-    frames: BTreeMap<u64, RoundFrame>,
+    /// Frame parts received, by (round, part), not yet applied.
+    frames: BTreeMap<(u64, u32), RoundFrame>,
     /// The last round through which this node holds the peer's complete reports.
     complete_to: Option<u64>,
     /// The last round whose frame was applied (older frames arriving late are ignored).
@@ -448,14 +457,14 @@ struct Peer {
     /// Rounds missed in a row.
     missed: u32,
     suspected: bool,
-    /// Last report per (rule index, key): demand and per-limit credit.
-    reports: HashMap<(usize, String), Summary>,
+    /// Last report per rule index, per key: demand and per-limit credit.
+    reports: Vec<HashMap<String, Summary, foldhash::fast::RandomState>>,
     /// A repair from this peer has been applied since it (re)appeared.
     pulled: bool,
 }
 
 impl Peer {
-    fn new(actor: Actor, alive: bool) -> Peer {
+    fn new(actor: Actor, alive: bool, rules: usize) -> Peer {
         Peer {
             actor,
             alive,
@@ -465,7 +474,7 @@ impl Peer {
             views: BTreeMap::new(),
             missed: 0,
             suspected: false,
-            reports: HashMap::new(),
+            reports: (0..rules).map(|_| HashMap::default()).collect(),
             pulled: false,
         }
     }
@@ -473,16 +482,68 @@ impl Peer {
 
 /// What a fully consistent instant allotted a key's windowed limit, kept so that the sides
 /// of a later partition can charge the unreachable members a ghost (design §5, `hold`).
-#[derive(Clone, Debug)]
+/// Entries are in the order of [`RoundState::hold_nodes`].
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct HoldRecord {
     slot: u64,
     /// Per node: its count in `slot` at the boundary plus the credit and lease it held.
-    claims: BTreeMap<String, u64>,
+    claims: Vec<u64>,
     /// Per node: its demand weight (numerator over `den`).
-    weights: BTreeMap<String, u128>,
+    weights: Vec<u128>,
     den: u128,
-    /// Room left unallotted.
-    room: u64,
+}
+
+/// Lookups of one key's slots in [`Counters`], reusing one [`SlotId`] (two allocations per
+/// key and limit instead of two per lookup).
+struct SlotReader<'a> {
+    counters: &'a Counters,
+    id: std::cell::RefCell<SlotId>,
+}
+
+impl<'a> SlotReader<'a> {
+    fn new(counters: &'a Counters, label: &str, key: &str) -> SlotReader<'a> {
+        SlotReader {
+            counters,
+            id: std::cell::RefCell::new(SlotId::new(label, key, 0)),
+        }
+    }
+
+    fn at<R>(&self, slot: u64, f: impl FnOnce(&Counters, &SlotId) -> R) -> R {
+        let mut id = self.id.borrow_mut();
+        id.slot = slot;
+        f(self.counters, &id)
+    }
+
+    fn total(&self, slot: u64) -> u64 {
+        self.at(slot, |c, id| c.total(id))
+    }
+
+    fn others(&self, slot: u64) -> u64 {
+        self.at(slot, |c, id| c.others(id))
+    }
+
+    fn count(&self, slot: u64, actor: &Actor) -> u64 {
+        self.at(slot, |c, id| c.count(id, actor))
+    }
+}
+
+/// One participant of an instant's allocation.
+#[derive(Debug)]
+struct Part<'a> {
+    node: &'a str,
+    actor: &'a Actor,
+    /// `None` for this node.
+    peer: Option<&'a Peer>,
+    reachable: bool,
+    /// Its position in [`RoundState::hold_nodes`].
+    hold_index: Option<usize>,
+}
+
+/// Buffers reused from key to key at an instant.
+#[derive(Debug, Default)]
+struct Scratch<'a> {
+    demands: Vec<u64>,
+    reports: Vec<Option<&'a Summary>>,
 }
 
 /// State only the round task touches.
@@ -496,8 +557,9 @@ struct RoundState {
     instant: Option<u64>,
     /// The view hash this node published at each recent boundary.
     my_views: BTreeMap<u64, u64>,
-    /// Hold records per (rule index, key, limit index), from the last fully consistent instant.
-    holds: HashMap<(usize, String, usize), HoldRecord>,
+    /// The participants of the last fully consistent instant, in the order of every
+    /// [`HoldRecord`].
+    hold_nodes: Vec<String>,
     stats: Stats,
     /// The view changed since the last boundary: send full frames.
     view_changed: bool,
@@ -589,7 +651,7 @@ impl Global {
                 boundary: None,
                 instant: None,
                 my_views: BTreeMap::new(),
-                holds: HashMap::new(),
+                hold_nodes: Vec::new(),
                 stats: Stats::default(),
                 view_changed: true,
             }),
@@ -823,8 +885,10 @@ impl Global {
                     }
                 }
                 _ => {
-                    st.peers
-                        .insert(m.actor.node.clone(), Peer::new(m.actor.clone(), m.alive));
+                    st.peers.insert(
+                        m.actor.node.clone(),
+                        Peer::new(m.actor.clone(), m.alive, self.rules.len()),
+                    );
                     changed = true;
                     let digest = st.counters.digest();
                     out.push(Output::To(
@@ -876,7 +940,7 @@ impl Global {
         }
         if from.generation > p.actor.generation {
             // Restarted before membership told us: it is a new actor.
-            *p = Peer::new(from.clone(), true);
+            *p = Peer::new(from.clone(), true, self.rules.len());
             st.view_changed = true;
         }
         match message {
@@ -884,13 +948,16 @@ impl Global {
                 if frame.round + 2 < current || frame.round > current + 2 {
                     return Err(Reject::RoundOutOfRange);
                 }
+                if frame.parts == 0 || frame.parts > MAX_PARTS || frame.part >= frame.parts {
+                    return Err(Reject::BadParts);
+                }
                 let Some(p) = st.peers.get_mut(peer) else {
                     return Err(Reject::NotMember);
                 };
-                p.frames.insert(frame.round, frame);
-                while p.frames.len() > 4 {
-                    p.frames.pop_first();
-                }
+                p.frames.insert((frame.round, frame.part), frame);
+                // Keep only rounds that can still be applied.
+                let oldest = current.saturating_sub(3);
+                p.frames.retain(|(round, _), _| *round >= oldest);
                 Ok(Vec::new())
             }
             Message::Digest { digest, .. } => {
@@ -1064,13 +1131,24 @@ impl Global {
             st.my_views.pop_first();
         }
         st.boundary = Some(n);
-        let mut out = vec![Output::ToAll(Message::Round(RoundFrame {
-            from: self.me.clone(),
-            round: n,
-            view,
-            since: (!full).then(|| n.saturating_sub(REPEAT - 1)),
-            keys,
-        }))];
+        let chunks = split_reports(keys, PART_BYTES);
+        let parts = chunks.len() as u32;
+        let since = (!full).then(|| n.saturating_sub(REPEAT - 1));
+        let mut out: Vec<Output> = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(part, keys)| {
+                Output::ToAll(Message::Round(RoundFrame {
+                    from: self.me.clone(),
+                    round: n,
+                    view,
+                    since,
+                    part: part as u32,
+                    parts,
+                    keys,
+                }))
+            })
+            .collect();
         if n % self.params.full_every.max(1) == 0 && !st.peers.is_empty() {
             out.push(Output::ToAll(Message::Digest {
                 from: self.me.clone(),
@@ -1080,8 +1158,8 @@ impl Global {
         out
     }
 
-    /// Applies a peer's frame: its counts as dots, its reports as the latest inputs.
-    fn apply_frame(&self, st: &mut RoundState, node: &str, frame: RoundFrame, now: Nanos) {
+    /// Applies a peer's round (all its parts): counts as dots, reports as the latest inputs.
+    fn apply_round(&self, st: &mut RoundState, node: &str, parts: Vec<RoundFrame>, now: Nanos) {
         let RoundState {
             counters,
             peers,
@@ -1089,13 +1167,31 @@ impl Global {
             ..
         } = st;
         let Some(p) = peers.get_mut(node) else { return };
-        if frame.from != p.actor || p.applied.is_some_and(|a| a >= frame.round) {
+        let Some(first) = parts.first() else { return };
+        let (round, since, view) = (first.round, first.since, first.view);
+        let header = RoundFrame {
+            from: first.from.clone(),
+            round,
+            view,
+            since,
+            part: 0,
+            parts: first.parts,
+            keys: Vec::new(),
+        };
+        let agree = parts
+            .iter()
+            .all(|f| f.from == p.actor && f.round == round && f.since == since && f.view == view);
+        if !agree || p.applied.is_some_and(|a| a >= round) {
             return;
         }
-        p.applied = Some(frame.round);
+        p.applied = Some(round);
+        let frame = RoundFrame {
+            keys: parts.into_iter().flat_map(|f| f.keys).collect(),
+            ..header
+        };
         match frame.since {
             None => {
-                p.reports.clear();
+                p.reports.iter_mut().for_each(HashMap::clear);
                 p.complete_to = Some(frame.round);
             }
             Some(since) => {
@@ -1145,16 +1241,10 @@ impl Global {
                 stats.reports_dropped += 1;
             }
             let idle = report.demand == 0 && credits.iter().all(Option::is_none);
-            let entry = (ri, report.key);
-            if idle {
-                p.reports.remove(&entry);
-            } else {
-                p.reports.insert(entry.clone(), (report.demand, credits));
-            }
             if rule
                 .store
                 .update(
-                    &entry.1,
+                    &report.key,
                     now,
                     || GKey::fresh(rule, now, members),
                     |_| false,
@@ -1163,6 +1253,11 @@ impl Global {
                 .is_err()
             {
                 stats.store_full += 1;
+            }
+            if idle {
+                p.reports[ri].remove(&report.key);
+            } else {
+                p.reports[ri].insert(report.key, (report.demand, credits));
             }
         }
     }
@@ -1174,13 +1269,21 @@ impl Global {
         for node in &nodes {
             let frames = match st.peers.get_mut(node) {
                 Some(p) => {
-                    let later = p.frames.split_off(&(n + 1));
+                    let later = p.frames.split_off(&(n + 1, 0));
                     std::mem::replace(&mut p.frames, later)
                 }
                 None => continue,
             };
-            for (_, frame) in frames {
-                self.apply_frame(st, node, frame, now);
+            // Group parts by round; a round with a part missing is dropped.
+            let mut rounds: BTreeMap<u64, Vec<RoundFrame>> = BTreeMap::new();
+            for ((round, _), frame) in frames {
+                rounds.entry(round).or_default().push(frame);
+            }
+            for (_, parts) in rounds {
+                let complete = parts.iter().all(|f| f.parts as usize == parts.len());
+                if complete {
+                    self.apply_round(st, node, parts, now);
+                }
             }
         }
         // Suspicion and consistency.
@@ -1223,8 +1326,13 @@ impl Global {
             if !self.participates(p) {
                 continue;
             }
-            for (ri, key) in p.reports.keys() {
-                let rule = &self.rules[*ri];
+            for (ri, key) in p
+                .reports
+                .iter()
+                .enumerate()
+                .flat_map(|(ri, r)| r.keys().map(move |k| (ri, k)))
+            {
+                let rule = &self.rules[ri];
                 if rule
                     .store
                     .update(
@@ -1240,22 +1348,58 @@ impl Global {
                 }
             }
         }
-        // Allot every key.
+        // Allot every key. The participants, this node first, then peers in node order.
         let boundary_next = (n + 1) * self.params.round;
+        let st_ref: &RoundState = st;
+        let parts: Vec<Part<'_>> = std::iter::once(Part {
+            node: &self.me.node,
+            actor: &self.me,
+            peer: None,
+            reachable: true,
+            hold_index: st_ref.hold_nodes.iter().position(|h| *h == self.me.node),
+        })
+        .chain(
+            st_ref
+                .peers
+                .iter()
+                .filter(|(_, p)| self.participates(p))
+                .map(|(node, p)| Part {
+                    node,
+                    actor: &p.actor,
+                    peer: Some(p),
+                    reachable: !p.suspected,
+                    hold_index: st_ref.hold_nodes.iter().position(|h| h == node),
+                }),
+        )
+        .collect();
+        let mut scratch = Scratch::default();
         for (ri, r) in self.rules.iter().enumerate() {
             r.store.visit(|key, k| {
                 k.known = true;
-                let demands = self.demands(st, ri, key, k);
+                scratch.demands.clear();
+                scratch.reports.clear();
+                for part in &parts {
+                    let report = part.peer.and_then(|p| p.reports[ri].get(key));
+                    let demand = match part.peer {
+                        None => k.demand,
+                        Some(_) => report.map_or(0, |(d, _)| *d),
+                    };
+                    scratch.demands.push(demand);
+                    scratch.reports.push(report);
+                }
+                let demands = &scratch.demands;
                 for (li, (l, s)) in r.limits.iter().zip(k.limits.iter_mut()).enumerate() {
                     match s {
                         LState::Window(w) => {
                             if consistent {
                                 self.lease(
-                                    st,
-                                    (ri, key, li),
+                                    st_ref,
+                                    &parts,
+                                    &scratch.reports,
+                                    demands,
+                                    (key, li),
                                     l,
                                     w,
-                                    &demands,
                                     now,
                                     boundary_next,
                                     all_reachable,
@@ -1268,13 +1412,13 @@ impl Global {
                                     g.credit = left;
                                     g.gap = None;
                                 }
-                                self.copy_others(st, l, key, w, now);
+                                self.copy_others(st_ref, l, key, w, now);
                             }
                         }
                         LState::Bucket(b) => {
                             if consistent {
                                 let level = b.level_at(&l.limit, now);
-                                b.share = bucket_share(&demands);
+                                b.share = bucket_share(demands);
                                 b.level = level.min(b.cap(&l.limit));
                                 b.at = b.at.max(now);
                             }
@@ -1283,6 +1427,13 @@ impl Global {
                 }
                 true
             });
+        }
+        let hold_nodes: Option<Vec<String>> = (consistent && all_reachable)
+            .then(|| parts.iter().map(|p| p.node.to_owned()).collect());
+        drop(parts);
+        drop(scratch);
+        if let Some(nodes) = hold_nodes {
+            st.hold_nodes = nodes;
         }
         // Forget slots no decision can read any more.
         for r in &self.rules {
@@ -1301,41 +1452,25 @@ impl Global {
         self.instants.fetch_add(1, Ordering::Release);
     }
 
-    /// Every participant's published demand for a key: `(node, demand, reachable)`, this node
-    /// first, then peers by node id.
-    fn demands(&self, st: &RoundState, ri: usize, key: &str, k: &GKey) -> Vec<(String, u64, bool)> {
-        let mut out = vec![(self.me.node.clone(), k.demand, true)];
-        for (node, p) in &st.peers {
-            if !self.participates(p) {
-                continue;
-            }
-            let demand = p.reports.get(&(ri, key.to_owned())).map_or(0, |(d, _)| *d);
-            out.push((node.clone(), demand, !p.suspected));
-        }
-        out
-    }
-
-    /// Copies everyone else's counts (ghosts included) into the key for `remaining`.
+    /// Copies everyone else's counts into the key for `remaining`.
     fn copy_others(&self, st: &RoundState, l: &GLimit, key: &str, w: &mut WState, now: Nanos) {
-        let cur = l.slot(now);
-        w.others = (cur.saturating_sub(l.span() - 1)..=cur + 1)
-            .map(|x| {
-                let id = SlotId::new(l.label.clone(), key, x);
-                (x, st.counters.others(&id))
-            })
-            .filter(|(_, c)| *c > 0)
-            .collect();
+        let slots = SlotReader::new(&st.counters, &l.label, key);
+        copy_others(&slots, l, w, now);
     }
 
     /// A consistent instant's lease for one windowed limit of one key (design §3.3.1).
+    /// `parts`, `reports` and `demands` are aligned: this node first, then the participating
+    /// peers in node order.
     #[allow(clippy::too_many_arguments)]
     fn lease(
         &self,
-        st: &mut RoundState,
-        (ri, key, li): (usize, &str, usize),
+        st: &RoundState,
+        parts: &[Part<'_>],
+        reports: &[Option<&Summary>],
+        demands: &[u64],
+        (key, li): (&str, usize),
         l: &GLimit,
         w: &mut WState,
-        demands: &[(String, u64, bool)],
         now: Nanos,
         boundary_next: Nanos,
         all_reachable: bool,
@@ -1343,67 +1478,47 @@ impl Global {
         let c = l.limit.limit();
         let cur = l.slot(now);
         let next = l.slot(boundary_next);
-        let hold_key = (ri, key.to_owned(), li);
         let record = if all_reachable {
             None
         } else {
-            st.holds.get(&hold_key).cloned()
+            w.hold.as_deref()
         };
+        let n_parts = parts.len() as u128;
         // Counts per slot: everyone known, with unreachable held members charged their ghost.
-        let participants = demands.len() as u128;
+        let slots = SlotReader::new(&st.counters, &l.label, key);
         let count = |x: u64| -> u64 {
-            let id = SlotId::new(l.label.clone(), key, x);
-            let mut total = st.counters.total(&id);
-            for (node, p) in &st.peers {
-                if !(p.suspected && self.participates(p)) {
-                    continue;
-                }
-                let known = st.counters.count(&id, &p.actor);
-                let ghost = match &record {
-                    Some(rec) if x == rec.slot => {
-                        let share = rec.weights.get(node).copied().unwrap_or(0);
-                        rec.claims.get(node).copied().unwrap_or(0).saturating_add(
-                            u64::try_from(u128::from(rec.room) * share / rec.den.max(1))
-                                .unwrap_or(u64::MAX),
-                        )
-                    }
-                    Some(rec) if x > rec.slot => {
-                        let share = rec.weights.get(node).copied().unwrap_or(0);
+            let mut total = slots.total(x);
+            for part in parts.iter().filter(|p| !p.reachable) {
+                let known = slots.count(x, part.actor);
+                let held = record.zip(part.hold_index);
+                let ghost = match held {
+                    Some((rec, i)) if x == rec.slot => rec.claims.get(i).copied().unwrap_or(0),
+                    Some((rec, i)) if x > rec.slot => {
+                        let share = rec.weights.get(i).copied().unwrap_or(0);
                         u64::try_from((u128::from(c) * share).div_ceil(rec.den.max(1)))
                             .unwrap_or(u64::MAX)
                     }
                     Some(_) => known,
-                    None => u64::try_from(u128::from(c).div_ceil(participants)).unwrap_or(c),
+                    None => u64::try_from(u128::from(c).div_ceil(n_parts)).unwrap_or(c),
                 };
                 total = total - known.min(total) + known.max(ghost);
             }
             total
         };
-        // Published gap credits of reachable members for the current slot.
+        // Published gap credits for the current slot (unreachable members' are in ghosts).
         let my_published = w.published_credit;
-        let credit_of = |node: &str| -> u64 {
-            if node == self.me.node {
-                return my_published
-                    .filter(|(s, _)| *s == cur)
-                    .map_or(0, |(_, c)| c);
-            }
-            st.peers
-                .get(node)
-                .filter(|p| !p.suspected)
-                .and_then(|p| p.reports.get(&(ri, key.to_owned())))
-                .and_then(|(_, credits)| credits.get(li).copied().flatten())
-                .filter(|(s, _)| *s == cur)
-                .map_or(0, |(_, c)| c)
+        let credit_of = |i: usize| -> u64 {
+            let published = match parts[i].peer {
+                None => my_published,
+                Some(_) => reports[i].and_then(|(_, credits)| credits.get(li).copied().flatten()),
+            };
+            published.filter(|(s, _)| *s == cur).map_or(0, |(_, c)| c)
         };
-        let gap_credits: u64 = demands
-            .iter()
-            .filter(|d| d.2)
-            .map(|d| credit_of(&d.0))
-            .sum();
+        let reachable: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].reachable).collect();
+        let gap_credits: u64 = reachable.iter().map(|&i| credit_of(i)).sum();
         let a = l.budget(cur, now, count);
         let room = c.saturating_sub(a).saturating_sub(gap_credits);
         // Next gap's credits: from this slot's room, or the next slot's if the slot turns.
-        let reachable: Vec<&(String, u64, bool)> = demands.iter().filter(|d| d.2).collect();
         let credit_room = if next == cur {
             room / 4
         } else {
@@ -1418,8 +1533,8 @@ impl Global {
         };
         let mut credits: Vec<u64> = reachable
             .iter()
-            .map(|d| {
-                let want = u128::from(d.1) * 2 * u128::from(self.params.settle);
+            .map(|&i| {
+                let want = u128::from(demands[i]) * 2 * u128::from(self.params.settle);
                 u64::try_from(want.div_ceil(u128::from(self.params.round))).unwrap_or(u64::MAX)
             })
             .collect();
@@ -1437,7 +1552,7 @@ impl Global {
             room
         };
         // Leases by demand weight among the reachable members.
-        let weights = lease_weights(&reachable.iter().map(|d| d.1).collect::<Vec<_>>());
+        let weights = lease_weights(&reachable.iter().map(|&i| demands[i]).collect::<Vec<_>>());
         let den: u128 = weights.iter().sum();
         let mut leases: Vec<u64> = weights
             .iter()
@@ -1446,82 +1561,59 @@ impl Global {
         let mut left = pool - leases.iter().sum::<u64>().min(pool);
         if left > 0 {
             let mut order: Vec<usize> = (0..leases.len()).collect();
-            order.sort_by_key(|&i| {
+            order.sort_by_key(|&j| {
                 let mut h = Fnv::new();
                 h.str(&l.label);
                 h.str(key);
                 h.u64(cur);
                 h.u64(now / self.params.round);
-                h.str(&reachable[i].0);
+                h.str(parts[reachable[j]].node);
                 h.finish()
             });
-            for i in order.into_iter().cycle() {
+            for j in order.into_iter().cycle() {
                 if left == 0 {
                     break;
                 }
-                leases[i] += 1;
+                leases[j] += 1;
                 left -= 1;
             }
         }
-        // This node is first in `demands`, so first among the reachable.
+        // This node is parts[0], so first among the reachable.
         let (my_lease, my_credit) = (leases[0], credits[0]);
+        let grant = |slot, allowance, credit| Grant {
+            slot,
+            allowance,
+            used: 0,
+            credit,
+            gap: None,
+            starter: false,
+        };
         w.grants.clear();
         if next == cur {
-            w.grants.push(Grant {
-                slot: cur,
-                allowance: my_lease + my_credit,
-                used: 0,
-                credit: my_credit,
-                gap: None,
-                starter: false,
-            });
+            w.grants.push(grant(cur, my_lease + my_credit, my_credit));
         } else {
-            w.grants.push(Grant {
-                slot: cur,
-                allowance: my_lease,
-                used: 0,
-                credit: 0,
-                gap: None,
-                starter: false,
-            });
-            w.grants.push(Grant {
-                slot: next,
-                allowance: my_credit,
-                used: 0,
-                credit: my_credit,
-                gap: None,
-                starter: false,
-            });
+            w.grants.push(grant(cur, my_lease, 0));
+            w.grants.push(grant(next, my_credit, my_credit));
         }
-        self.copy_others(st, l, key, w, now);
+        copy_others(&slots, l, w, now);
         if all_reachable {
-            let mut claims = BTreeMap::new();
-            let mut wts = BTreeMap::new();
-            for (i, d) in reachable.iter().enumerate() {
-                let id = SlotId::new(l.label.clone(), key, cur);
-                let actor = if d.0 == self.me.node {
-                    Some(self.me.clone())
-                } else {
-                    st.peers.get(&d.0).map(|p| p.actor.clone())
-                };
-                let counted = actor.map_or(0, |a| st.counters.count(&id, &a));
-                let claim = counted
-                    .saturating_add(credit_of(&d.0))
-                    .saturating_add(leases[i])
-                    .saturating_add(if next == cur { credits[i] } else { 0 });
-                claims.insert(d.0.clone(), claim);
-                wts.insert(d.0.clone(), weights[i]);
-            }
-            st.holds.insert(
-                hold_key,
-                HoldRecord {
-                    slot: cur,
-                    claims,
-                    weights: wts,
-                    den,
-                    room: 0,
-                },
-            );
+            let claims = reachable
+                .iter()
+                .enumerate()
+                .map(|(j, &i)| {
+                    slots
+                        .count(cur, parts[i].actor)
+                        .saturating_add(credit_of(i))
+                        .saturating_add(leases[j])
+                        .saturating_add(if next == cur { credits[j] } else { 0 })
+                })
+                .collect();
+            w.hold = Some(Box::new(HoldRecord {
+                slot: cur,
+                claims,
+                weights,
+                den,
+            }));
         }
     }
 
@@ -1556,6 +1648,19 @@ impl Global {
     /// Keys global rule `rule` tracks (rounds drop the ones that no longer matter).
     pub fn rule_keys(&self, rule: usize) -> usize {
         self.rules.get(rule).map_or(0, |r| r.store.len())
+    }
+}
+
+/// Copies everyone else's counts in the slots a decision reads into the key (for
+/// `remaining`).
+fn copy_others(slots: &SlotReader<'_>, l: &GLimit, w: &mut WState, now: Nanos) {
+    let cur = l.slot(now);
+    w.others.clear();
+    for x in cur.saturating_sub(l.span() - 1)..=cur + 1 {
+        let n = slots.others(x);
+        if n > 0 {
+            w.others.push((x, n));
+        }
     }
 }
 
@@ -1653,6 +1758,34 @@ fn decide_bucket(l: &GLimit, b: &BState, cost: u64, max_wait: Nanos, now: Nanos)
     d
 }
 
+/// Splits a round's reports into parts of at most about `limit` encoded bytes (at least one
+/// part, possibly empty: the frame is also the round's heartbeat).
+fn split_reports(keys: Vec<KeyReport>, limit: usize) -> Vec<Vec<KeyReport>> {
+    // An upper bound on a report's encoded size (every integer at its longest varint).
+    let size = |r: &KeyReport| {
+        30 + r.rule.len()
+            + r.key.len()
+            + r.limits
+                .iter()
+                .map(|l| 20 + 20 * l.counts.len())
+                .sum::<usize>()
+    };
+    let mut parts = vec![Vec::new()];
+    let mut bytes = 0;
+    for report in keys {
+        let s = size(&report);
+        if bytes + s > limit && parts.last().is_some_and(|p| !p.is_empty()) {
+            parts.push(Vec::new());
+            bytes = 0;
+        }
+        bytes += s;
+        if let Some(last) = parts.last_mut() {
+            last.push(report);
+        }
+    }
+    parts
+}
+
 /// Lease weights (numerators over their sum): `μ/N + (1 − μ)·d/D` with μ = 1/20, or even
 /// when nobody has demand.
 fn lease_weights(demands: &[u64]) -> Vec<u128> {
@@ -1670,15 +1803,15 @@ fn lease_weights(demands: &[u64]) -> Vec<u128> {
 
 /// This node's bucket share out of [`SHARE_ONE`]: `μ_b/N + (1 − μ_b)·d/D`, μ_b = 1/100.
 /// `demands[0]` is this node; held members keep their last demand.
-fn bucket_share(demands: &[(String, u64, bool)]) -> u64 {
+fn bucket_share(demands: &[u64]) -> u64 {
     let n = demands.len() as u128;
-    let total: u128 = demands.iter().map(|d| u128::from(d.1)).sum();
+    let total: u128 = demands.iter().map(|&d| u128::from(d)).sum();
     let one = u128::from(SHARE_ONE);
     if total == 0 {
         return u64::try_from(one / n.max(1)).unwrap_or(1);
     }
     let f = u128::from(BUCKET_FLOOR);
-    let mine = u128::from(demands[0].1);
+    let mine = u128::from(demands[0]);
     let num = total + (f - 1) * n * mine;
     u64::try_from(one * num / (f * n * total))
         .unwrap_or(1)

@@ -6,6 +6,8 @@
 //! - [`tls`]: mutual TLS under a cluster CA (or ephemeral, unauthenticated certificates).
 //! - [`node`]: the shell that runs the round protocol over membership and QUIC.
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod global;
 pub mod membership;
 pub mod node;

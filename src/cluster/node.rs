@@ -225,6 +225,7 @@ impl Cluster {
             Reject::StaleGeneration,
             Reject::RoundOutOfRange,
             Reject::Unexpected,
+            Reject::BadParts,
         ] {
             let n = counts.rejected.get(reason.name()).copied().unwrap_or(0);
             let _ = writeln!(

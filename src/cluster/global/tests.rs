@@ -466,6 +466,8 @@ fn hostile_messages_are_refused() {
             round,
             view: 0,
             since: None,
+            part: 0,
+            parts: 1,
             keys: vec![],
         })
     };
@@ -490,6 +492,12 @@ fn hostile_messages_are_refused() {
         g.receive("a", frame(Actor::new("a", 1), n), now),
         Err(Reject::Impostor)
     );
+    let mut parts = frame(Actor::new("b", 5), n);
+    if let Message::Round(f) = &mut parts {
+        f.part = 3;
+        f.parts = 2;
+    }
+    assert_eq!(g.receive("b", parts, now), Err(Reject::BadParts));
     // A report with absurd counts, an unknown rule and a wrong shape: dropped, counted, and
     // no counter moves.
     let bad = Message::Round(RoundFrame {
@@ -497,6 +505,8 @@ fn hostile_messages_are_refused() {
         round: n,
         view: 0,
         since: None,
+        part: 0,
+        parts: 1,
         keys: vec![
             KeyReport {
                 rule: "api".into(),
@@ -561,4 +571,110 @@ fn a_new_key_in_the_gap_is_told_to_wait_until_the_instant_then_admitted() {
     // Outside the gap a new key is admitted at once (a starter).
     sim.advance(30 * MS);
     assert!(sim.check(1, "api", "other", 1).allowed());
+}
+
+mod hostile {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::cluster::fuzzing;
+
+    fn report() -> impl Strategy<Value = KeyReport> {
+        let slot = prop_oneof![
+            Just(fuzzing::NOW / SECOND),
+            Just(fuzzing::NOW / SECOND + 1),
+            Just(fuzzing::NOW / (100 * MS)),
+            any::<u64>(),
+        ];
+        let limit = (
+            proptest::collection::vec((slot.clone(), any::<u64>()), 0..3),
+            proptest::option::of((slot, any::<u64>())),
+        )
+            .prop_map(|(counts, credit)| LimitReport { counts, credit });
+        (
+            prop_oneof![Just("w"), Just("c"), Just("l"), Just("t"), Just("nope")],
+            prop_oneof![Just("k".to_owned()), any::<String>()],
+            any::<u64>(),
+            proptest::collection::vec(limit, 0..3),
+        )
+            .prop_map(|(rule, key, demand, limits)| KeyReport {
+                rule: rule.to_owned(),
+                key,
+                demand,
+                limits,
+            })
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        let actor = prop_oneof![
+            Just(Actor::new("a", 1)),
+            Just(Actor::new("b", 5)),
+            Just(Actor::new("b", 4)),
+            Just(Actor::new("b", 6)),
+            Just(Actor::new("c", 1)),
+        ];
+        let round = fuzzing::NOW / (100 * MS);
+        (
+            actor,
+            prop_oneof![Just(round), Just(round + 1), any::<u64>()],
+            any::<u64>(),
+            proptest::option::of(any::<u64>()),
+            proptest::collection::vec(report(), 0..6),
+        )
+            .prop_map(|(from, round, view, since, keys)| {
+                Message::Round(RoundFrame {
+                    from,
+                    round,
+                    view,
+                    since,
+                    part: 0,
+                    parts: 1,
+                    keys,
+                })
+            })
+    }
+
+    proptest! {
+        /// Whatever a peer sends, the node does not panic, never lets a peer raise its own
+        /// count, and keeps no count above what the cluster could admit.
+        #[test]
+        fn hostile_frames_never_poison_a_node(m in message()) {
+            fuzzing::frame(&wire::encode(&m).unwrap());
+        }
+
+        #[test]
+        fn hostile_bytes_never_poison_a_node(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+            let mut framed = vec![wire::WIRE_VERSION];
+            framed.extend_from_slice(&bytes);
+            fuzzing::frame(&framed);
+        }
+    }
+}
+
+#[test]
+fn a_round_too_large_for_one_frame_goes_in_parts() {
+    let mut sim = Sim::new(3, rules_fixed(), Params::default(), 29);
+    sim.advance(350 * MS);
+    // 24,000 keys with 48-byte names, all changed in one round: over 1 MiB of reports each.
+    for i in 0..24_000 {
+        let d = sim.check(
+            i % 3,
+            "api",
+            &format!("tenant-{i:08}-user-0000-{:024}", 0),
+            1,
+        );
+        assert!(d.allowed());
+    }
+    sim.advance(500 * MS);
+    let w = sim.now / SECOND;
+    for i in 0..3 {
+        let g = sim.nodes[i].as_ref().unwrap();
+        for k in [7, 23_998] {
+            let key = format!("tenant-{k:08}-user-0000-{:024}", 0);
+            assert_eq!(g.known_total("api", 0, &key, w), 1, "node {i} key {k}");
+        }
+        let stats = g.stats();
+        assert!(stats.degraded_rounds <= 2, "{stats:?}");
+    }
+    assert_eq!(sim.rejects, 0);
 }
