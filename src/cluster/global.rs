@@ -305,6 +305,8 @@ struct WState {
     published_credit: Option<(u64, u64)>,
     /// What the last fully consistent instant allotted, for ghosts during a partition.
     hold: Option<Box<HoldRecord>>,
+    /// The (current, next) slots the grants were computed for.
+    leased_for: Option<(u64, u64)>,
 }
 
 impl WState {
@@ -379,6 +381,12 @@ pub struct GKey {
     changed_in: u64,
     /// Whether the last instant allotted this key (so it is not idle cluster-wide).
     known: bool,
+    /// Something an allocation reads changed since the last instant: a peer's report, or
+    /// this node's counts, demand or credit. An unchanged key's leases are only renewed.
+    inputs_changed: bool,
+    /// The last round in which a peer reported demand or credit for this key (kept until
+    /// its reports are surely idle, so the key is allotted, not mistaken for a new one).
+    remote_round: u64,
     limits: Box<[LState]>,
 }
 
@@ -408,6 +416,8 @@ impl GKey {
             counts_dirty: false,
             changed_in: 0,
             known: false,
+            inputs_changed: true,
+            remote_round: 0,
             limits,
         }
     }
@@ -563,6 +573,8 @@ struct RoundState {
     stats: Stats,
     /// The view changed since the last boundary: send full frames.
     view_changed: bool,
+    /// The last instant, if this node was consistent at it.
+    last_consistent: Option<u64>,
 }
 
 /// Global admission for every global rule of a node. See the module docs.
@@ -654,6 +666,7 @@ impl Global {
                 hold_nodes: Vec::new(),
                 stats: Stats::default(),
                 view_changed: true,
+                last_consistent: None,
             }),
             me,
             params,
@@ -1069,11 +1082,9 @@ impl Global {
                 k.demand = (k.demand + k.arrivals) / 2;
                 k.arrivals = 0;
                 let mut credits = Vec::with_capacity(r.limits.len());
-                let mut limits = Vec::with_capacity(r.limits.len());
                 for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
                     let LState::Window(w) = s else {
                         credits.push(None);
-                        limits.push(LimitReport::default());
                         continue;
                     };
                     let cur = l.slot(boundary_time);
@@ -1094,24 +1105,39 @@ impl Global {
                         }
                     }
                     w.published_credit = credit;
-                    for &(slot, count) in &w.own {
-                        let id = SlotId::new(l.label.clone(), key, slot);
-                        let have = st.counters.own(&id);
-                        if count > have {
-                            st.counters.add(id, count - have);
+                    if k.counts_dirty {
+                        for &(slot, count) in &w.own {
+                            let id = SlotId::new(l.label.as_str(), key, slot);
+                            let have = st.counters.own(&id);
+                            if count > have {
+                                st.counters.add(id, count - have);
+                            }
                         }
                     }
                     credits.push(credit);
-                    limits.push(LimitReport {
-                        counts: w.own.clone(),
-                        credit,
-                    });
                 }
-                let summary = (k.demand, credits);
-                if k.counts_dirty || k.sent.as_ref() != Some(&summary) {
+                let same = k
+                    .sent
+                    .as_ref()
+                    .is_some_and(|(d, c)| *d == k.demand && *c == credits);
+                let idle = k.demand == 0 && credits.iter().all(Option::is_none);
+                if k.counts_dirty || !(same || (idle && k.sent.is_none())) {
                     k.changed_in = n;
+                    k.inputs_changed = true;
                 }
                 if full || k.changed_in + REPEAT > n {
+                    let limits = k
+                        .limits
+                        .iter()
+                        .zip(&credits)
+                        .map(|(s, &credit)| match s {
+                            LState::Window(w) => LimitReport {
+                                counts: w.own.clone(),
+                                credit,
+                            },
+                            LState::Bucket(_) => LimitReport::default(),
+                        })
+                        .collect();
                     keys.push(KeyReport {
                         rule: r.name.clone(),
                         key: key.to_owned(),
@@ -1120,9 +1146,9 @@ impl Global {
                     });
                 }
                 k.counts_dirty = false;
-                let idle = summary.0 == 0 && summary.1.iter().all(Option::is_none);
-                k.sent = if idle { None } else { Some(summary) };
-                !k.is_fresh(r, now)
+                k.sent = if idle { None } else { Some((k.demand, credits)) };
+                // Keep a key peers still report on: it must be allotted, not look new.
+                !k.is_fresh(r, now) || k.remote_round + 2 * self.params.full_every >= n
             });
         }
         let view = self.view(st);
@@ -1248,7 +1274,12 @@ impl Global {
                     now,
                     || GKey::fresh(rule, now, members),
                     |_| false,
-                    |_| (),
+                    |k| {
+                        k.inputs_changed = true;
+                        if !idle {
+                            k.remote_round = k.remote_round.max(round);
+                        }
+                    },
                 )
                 .is_err()
             {
@@ -1320,34 +1351,6 @@ impl Global {
         } else {
             st.stats.degraded_rounds += 1;
         }
-        // Every key a participant reports on is allotted here too, so it never looks idle.
-        let members = participants;
-        for p in st.peers.values() {
-            if !self.participates(p) {
-                continue;
-            }
-            for (ri, key) in p
-                .reports
-                .iter()
-                .enumerate()
-                .flat_map(|(ri, r)| r.keys().map(move |k| (ri, k)))
-            {
-                let rule = &self.rules[ri];
-                if rule
-                    .store
-                    .update(
-                        key,
-                        now,
-                        || GKey::fresh(rule, now, members),
-                        |_| false,
-                        |_| (),
-                    )
-                    .is_err()
-                {
-                    st.stats.store_full += 1;
-                }
-            }
-        }
         // Allot every key. The participants, this node first, then peers in node order.
         let boundary_next = (n + 1) * self.params.round;
         let st_ref: &RoundState = st;
@@ -1373,9 +1376,19 @@ impl Global {
         )
         .collect();
         let mut scratch = Scratch::default();
+        // Leases are renewed as they are when nothing they depend on changed: this instant and
+        // the last are consistent, with the same view (so the same participants).
+        let renewable = consistent
+            && st_ref.last_consistent == Some(n.wrapping_sub(1))
+            && st_ref.my_views.get(&n.wrapping_sub(1)) == st_ref.my_views.get(&n);
         for (ri, r) in self.rules.iter().enumerate() {
             r.store.visit(|key, k| {
+                let was_known = k.known;
                 k.known = true;
+                let changed = std::mem::replace(&mut k.inputs_changed, false);
+                if renewable && was_known && !changed && renew(r, k, now, boundary_next) {
+                    return true;
+                }
                 scratch.demands.clear();
                 scratch.reports.clear();
                 for part in &parts {
@@ -1435,6 +1448,7 @@ impl Global {
         if let Some(nodes) = hold_nodes {
             st.hold_nodes = nodes;
         }
+        st.last_consistent = consistent.then_some(n);
         // Forget slots no decision can read any more.
         for r in &self.rules {
             for l in &r.limits {
@@ -1566,7 +1580,6 @@ impl Global {
                 h.str(&l.label);
                 h.str(key);
                 h.u64(cur);
-                h.u64(now / self.params.round);
                 h.str(parts[reachable[j]].node);
                 h.finish()
             });
@@ -1589,6 +1602,7 @@ impl Global {
             starter: false,
         };
         w.grants.clear();
+        w.leased_for = Some((cur, next));
         if next == cur {
             w.grants.push(grant(cur, my_lease + my_credit, my_credit));
         } else {
@@ -1649,6 +1663,31 @@ impl Global {
     pub fn rule_keys(&self, rule: usize) -> usize {
         self.rules.get(rule).map_or(0, |r| r.store.len())
     }
+}
+
+/// Renews a key's leases unchanged for another round, if its allocation would come out the
+/// same: every windowed limit was leased for the same (current, next) slots and reads no
+/// time-dependent budget (a sliding counter's previous window fades, so it is recomputed).
+/// Buckets keep their share. Returns false (and changes nothing) when it must be recomputed.
+fn renew(rule: &GRule, k: &mut GKey, now: Nanos, boundary_next: Nanos) -> bool {
+    let same = rule.limits.iter().zip(k.limits.iter()).all(|(l, s)| match s {
+        LState::Window(w) => {
+            l.kind != Kind::Counter && w.leased_for == Some((l.slot(now), l.slot(boundary_next)))
+        }
+        LState::Bucket(_) => true,
+    });
+    if !same {
+        return false;
+    }
+    for s in k.limits.iter_mut() {
+        if let LState::Window(w) = s {
+            for g in &mut w.grants {
+                g.used = 0;
+                g.gap = None;
+            }
+        }
+    }
+    true
 }
 
 /// Copies everyone else's counts in the slots a decision reads into the key (for

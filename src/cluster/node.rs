@@ -46,6 +46,9 @@ pub enum ClusterError {
 struct Counts {
     rejected: BTreeMap<&'static str, u64>,
     oversized: u64,
+    /// Ticks run (boundaries and instants) and the time they took.
+    ticks: u64,
+    tick_seconds: f64,
 }
 
 /// A running cluster node.
@@ -262,6 +265,12 @@ impl Cluster {
             "gossamer_cluster_frames_too_large_total {}",
             counts.oversized
         );
+        let _ = writeln!(out, "# HELP gossamer_cluster_ticks_total Round boundaries and instants run.");
+        let _ = writeln!(out, "# TYPE gossamer_cluster_ticks_total counter");
+        let _ = writeln!(out, "gossamer_cluster_ticks_total {}", counts.ticks);
+        let _ = writeln!(out, "# HELP gossamer_cluster_tick_seconds_total Time spent running them (all keys visited).");
+        let _ = writeln!(out, "# TYPE gossamer_cluster_tick_seconds_total counter");
+        let _ = writeln!(out, "gossamer_cluster_tick_seconds_total {:.6}", counts.tick_seconds);
         let _ = writeln!(out, "# HELP gossamer_cluster_transport Transport counters.");
         let _ = writeln!(out, "# TYPE gossamer_cluster_transport counter");
         let _ = writeln!(
@@ -371,10 +380,14 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
         let g = global.clone();
         let now = clock.now();
         // A round visits every key: keep it off the async workers.
+        let started = std::time::Instant::now();
         match tokio::task::spawn_blocking(move || g.tick(now)).await {
             Ok(out) => sender.send(out),
             Err(e) => warn!(error = %e, "round failed"),
         }
+        let mut counts = sender.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.ticks += 1;
+        counts.tick_seconds += started.elapsed().as_secs_f64();
     }
 }
 
