@@ -725,6 +725,18 @@ impl Loaded {
 impl Load {
     /// `rate` checks per second in total, spread over `per_node` tasks for each of `nodes`.
     fn start(addrs: &[SocketAddr], rule: &str, key: &str, rate: f64, per_node: usize) -> Load {
+        Load::start_phased(addrs, rule, key, rate, per_node, true)
+    }
+
+    /// As [`Load::start`]; with `spread` false every task ticks at the same moments.
+    fn start_phased(
+        addrs: &[SocketAddr],
+        rule: &str,
+        key: &str,
+        rate: f64,
+        per_node: usize,
+        spread: bool,
+    ) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let count = addrs.len() * per_node;
         let period = Duration::from_secs_f64(count as f64 / rate);
@@ -736,7 +748,11 @@ impl Load {
             let stop = stop.clone();
             let body = serde_json::json!({"rule": rule, "key": key, "cost": 1});
             // Spread the tasks' ticks evenly over one period.
-            let offset = period.mul_f64(t as f64 / count as f64);
+            let offset = if spread {
+                period.mul_f64(t as f64 / count as f64)
+            } else {
+                Duration::ZERO
+            };
             tasks.push(tokio::spawn(async move {
                 let (node, addr) = addr;
                 let mut samples = Vec::new();
@@ -1138,7 +1154,7 @@ fn kill_and_restart() {
 
 /// 2a. The same, held to the limit exactly (design §7: a crash costs no over-admission).
 #[test]
-#[ignore = "bug: a node killed and restarted within one window over-admits (302/300 seen): the new incarnation hears no peer for ~5 s and charges each a ghost of C/N, not what they spent"]
+#[ignore = "bug: a node killed and restarted within one window often over-admits (301-303/300 seen): the new incarnation hears no peer for ~5 s and charges each a ghost of C/N, not what they spent"]
 fn kill_and_restart_holds_the_limit() {
     scenario("kill-strict", 3, Duration::from_secs(90), |lab| {
         kill_restart(lab, "kill-strict", true)
@@ -1299,10 +1315,13 @@ fn restarted_node_rejoins_within_2s() {
     });
 }
 
-/// 2e. A node restarted in the middle of a window whose room the others have spent does not
-///     admit a burst on its own: the window's total stays within the limit.
+/// 2e. A node restarted in the middle of a window whose room the others have spent, while
+///     its data link is still down (it cannot reach its seeds, as after a reboot into a
+///     partition), does not admit a burst on its own: the window's total stays within the
+///     limit (`hold`: never above the limit through any partition). With the link up the same
+///     happens about one run in three, when the burst beats the first gossip round.
 #[test]
-#[ignore = "bug: a restarted node that knows no peer yet admits a burst (starter allowance C / 1 participant) on top of a spent window"]
+#[ignore = "bug: a restarted node that knows no peer acts as a cluster of one (starter allowance C/1, /readyz 200 at once) and admits a burst on top of a spent window"]
 fn restarted_node_does_not_admit_a_burst_alone() {
     scenario("burst", 3, Duration::from_secs(60), |mut lab| async move {
         let tag = "burst";
@@ -1320,9 +1339,19 @@ fn restarted_node_does_not_admit_a_burst_alone() {
         // The others spend what they may of this window.
         let spend = Load::start(&addrs[..victim], "w", "k2e", 600.0, 2);
         sleep(Duration::from_millis(1200)).await;
+        lab.link(victim, false);
         let restarted_at = Instant::now();
         lab.start(victim);
-        let ready = wait_ready(addrs[victim], Duration::from_secs(10)).await;
+        // As soon as it answers at all (it says ready at once: see 2b).
+        let mut up = None;
+        for _ in 0..2000 {
+            if request(addrs[victim], "/healthz", None).await.is_some() {
+                up = Some(restarted_at.elapsed());
+                break;
+            }
+            sleep(Duration::from_millis(2)).await;
+        }
+        let ready = request(addrs[victim], "/readyz", None).await.map(|r| r.0);
         // A burst of 200 concurrent checks at the restarted node.
         let burst: Vec<JoinHandle<Option<Sample>>> = (0..200)
             .map(|_| {
@@ -1346,10 +1375,11 @@ fn restarted_node_does_not_admit_a_burst_alone() {
             samples.extend(task.await.expect("burst task"));
         }
         let mut spent = spend.stop().await;
+        lab.link(victim, true);
         let burst_admitted = samples.iter().filter(|s| s.allowed).count();
         eprintln!(
-            "[{tag}] node-{victim} ready after {:?}; the others admitted {}, the restarted node admitted {burst_admitted} of a burst of {}",
-            ready.map(|d| d.as_millis()),
+            "[{tag}] node-{victim} answered {:?} ms after restart (/readyz {ready:?}); the others admitted {}, the restarted node admitted {burst_admitted} of a burst of {}",
+            up.map(|d| d.as_millis()),
             spent.admitted(),
             samples.len()
         );
@@ -1367,8 +1397,9 @@ fn restarted_node_does_not_admit_a_burst_alone() {
     });
 }
 
-/// 2d. A key checked about once per round on each node, far below its limit, is admitted
-///     (at least 95% of checks; a window with 99.9% of its room left has no reason to deny).
+/// 2d. A key checked once per round on each node, 10 ms after each round boundary (in the
+///     gap before the round's leases, design §2.2), far below its limit, is admitted (at
+///     least 95% of checks; a window with 99.9% of its room left has no reason to deny).
 #[test]
 #[ignore = "bug: demand d = (d + arrivals) / 2 truncates 1 arrival per round to 0, so the node gets no gap credit and denies every check in the 25 ms gap"]
 fn low_rate_key_is_admitted() {
@@ -1376,15 +1407,20 @@ fn low_rate_key_is_admitted() {
         let tag = "low-rate";
         away_from_day_edge(&lab, Duration::from_secs(30)).await;
         wait_formed(tag, &lab, Duration::from_secs(15)).await;
-        // 10 checks per second per node: one per round, at a fixed phase per node.
-        let tracer = Load::start(&lab.addrs(), "long", "t2d", 30.0, 1);
+        let round = Duration::from_millis(100);
+        sleep(until_window_offset(
+            &lab.wall,
+            round,
+            Duration::from_millis(10),
+        ))
+        .await;
+        let tracer = Load::start_phased(&lab.addrs(), "long", "t2d", 30.0, 1, false);
         sleep(Duration::from_secs(5)).await;
         let tracer = tracer.stop().await;
-        timeline(tag, &tracer, 3, tracer.started);
         let answered = tracer.samples.len() as u64;
         let admitted = tracer.admitted();
         eprintln!(
-            "[{tag}] 1 check per round per node on a limit of {LONG_LIMIT}/day: admitted {admitted} of {answered} ({})",
+            "[{tag}] 1 check per round per node, 10 ms after the boundary, on a limit of {LONG_LIMIT}/day: admitted {admitted} of {answered} ({})",
             per_node(&tracer, 3)
         );
         // The first round of a key may deny while its lease is computed: allow 5%.
