@@ -569,7 +569,7 @@ struct RoundState {
     my_views: BTreeMap<u64, u64>,
     /// The participants of the last fully consistent instant, in the order of every
     /// [`HoldRecord`].
-    hold_nodes: Vec<String>,
+    hold_nodes: Vec<Actor>,
     stats: Stats,
     /// The view changed since the last boundary: send full frames.
     view_changed: bool,
@@ -590,6 +590,9 @@ pub struct Global {
     participants: AtomicU64,
     /// Instants processed so far (for callers waiting for the next lease).
     instants: AtomicU64,
+    /// Whether this node has joined: pulled the cluster's counts (or found it has no peer).
+    /// Until then it is never consistent, so it grants no lease and no starter.
+    joined: std::sync::atomic::AtomicBool,
     round: Mutex<RoundState>,
 }
 
@@ -675,6 +678,7 @@ impl Global {
             phase: AtomicU64::new(0),
             participants: AtomicU64::new(1),
             instants: AtomicU64::new(0),
+            joined: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -920,11 +924,28 @@ impl Global {
         out
     }
 
+    /// Marks whether this node has joined the cluster (see [`Global::joined`]). A node starts
+    /// joined (a cluster of one); the shell unmarks it at start when it expects peers, and marks
+    /// it once the pull is done. Until then no lease or starter is granted.
+    pub fn set_joined(&self, joined: bool) {
+        self.joined.store(joined, Ordering::Release);
+    }
+
+    /// Whether this node takes leases (see [`Global::set_joined`]).
+    pub fn joined(&self) -> bool {
+        self.joined.load(Ordering::Acquire)
+    }
+
     /// Whether this node has pulled the cluster's state: a repair from every live peer is in
     /// (or it has no live peer).
     pub fn pulled(&self) -> bool {
         let st = self.lock();
         st.peers.values().filter(|p| p.alive).all(|p| p.pulled)
+    }
+
+    /// Peers known from membership.
+    pub fn peer_count(&self) -> usize {
+        self.lock().peers.len()
     }
 
     /// Whether at least one peer's repair is in, or there is no peer.
@@ -1079,7 +1100,7 @@ impl Global {
         let mut keys = Vec::new();
         for r in &self.rules {
             r.store.visit(|key, k| {
-                k.demand = (k.demand + k.arrivals) / 2;
+                k.demand = smooth(k.demand, k.arrivals);
                 k.arrivals = 0;
                 let mut credits = Vec::with_capacity(r.limits.len());
                 for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
@@ -1146,7 +1167,11 @@ impl Global {
                     });
                 }
                 k.counts_dirty = false;
-                k.sent = if idle { None } else { Some((k.demand, credits)) };
+                k.sent = if idle {
+                    None
+                } else {
+                    Some((k.demand, credits))
+                };
                 // Keep a key peers still report on: it must be allotted, not look new.
                 !k.is_fresh(r, now) || k.remote_round + 2 * self.params.full_every >= n
             });
@@ -1319,7 +1344,7 @@ impl Global {
         }
         // Suspicion and consistency.
         let my_view = st.my_views.get(&n).copied();
-        let mut consistent = my_view.is_some() && st.boundary == Some(n);
+        let mut consistent = my_view.is_some() && st.boundary == Some(n) && self.joined();
         let mut suspicion_changed = false;
         for p in st.peers.values_mut() {
             let has = p.complete_to == Some(n) || p.views.contains_key(&n);
@@ -1359,7 +1384,7 @@ impl Global {
             actor: &self.me,
             peer: None,
             reachable: true,
-            hold_index: st_ref.hold_nodes.iter().position(|h| *h == self.me.node),
+            hold_index: st_ref.hold_nodes.iter().position(|h| *h == self.me),
         })
         .chain(
             st_ref
@@ -1371,7 +1396,7 @@ impl Global {
                     actor: &p.actor,
                     peer: Some(p),
                     reachable: !p.suspected,
-                    hold_index: st_ref.hold_nodes.iter().position(|h| h == node),
+                    hold_index: st_ref.hold_nodes.iter().position(|h| *h == p.actor),
                 }),
         )
         .collect();
@@ -1441,8 +1466,8 @@ impl Global {
                 true
             });
         }
-        let hold_nodes: Option<Vec<String>> = (consistent && all_reachable)
-            .then(|| parts.iter().map(|p| p.node.to_owned()).collect());
+        let hold_nodes: Option<Vec<Actor>> =
+            (consistent && all_reachable).then(|| parts.iter().map(|p| p.actor.clone()).collect());
         drop(parts);
         drop(scratch);
         if let Some(nodes) = hold_nodes {
@@ -1505,15 +1530,21 @@ impl Global {
             for part in parts.iter().filter(|p| !p.reachable) {
                 let known = slots.count(x, part.actor);
                 let held = record.zip(part.hold_index);
-                let ghost = match held {
-                    Some((rec, i)) if x == rec.slot => rec.claims.get(i).copied().unwrap_or(0),
-                    Some((rec, i)) if x > rec.slot => {
-                        let share = rec.weights.get(i).copied().unwrap_or(0);
+                let ghost = match (held, part.hold_index) {
+                    (Some((rec, i)), _) if x == rec.slot => rec.claims.get(i).copied().unwrap_or(c),
+                    (Some((rec, i)), _) if x > rec.slot => {
+                        let share = rec.weights.get(i).copied().unwrap_or(rec.den);
                         u64::try_from((u128::from(c) * share).div_ceil(rec.den.max(1)))
                             .unwrap_or(u64::MAX)
                     }
-                    Some(_) => known,
-                    None => u64::try_from(u128::from(c).div_ceil(n_parts)).unwrap_or(c),
+                    (Some(_), _) => known,
+                    // Both were in the last fully consistent set, but the key had no record
+                    // then (new during the partition): the sides split it evenly.
+                    (None, Some(_)) => u64::try_from(u128::from(c).div_ceil(n_parts)).unwrap_or(c),
+                    // Never consistent together (a new incarnation, or a member that joined
+                    // during the partition): nothing is known of its share, so it is charged
+                    // the whole limit.
+                    (None, None) => c,
                 };
                 total = total - known.min(total) + known.max(ghost);
             }
@@ -1670,12 +1701,17 @@ impl Global {
 /// time-dependent budget (a sliding counter's previous window fades, so it is recomputed).
 /// Buckets keep their share. Returns false (and changes nothing) when it must be recomputed.
 fn renew(rule: &GRule, k: &mut GKey, now: Nanos, boundary_next: Nanos) -> bool {
-    let same = rule.limits.iter().zip(k.limits.iter()).all(|(l, s)| match s {
-        LState::Window(w) => {
-            l.kind != Kind::Counter && w.leased_for == Some((l.slot(now), l.slot(boundary_next)))
-        }
-        LState::Bucket(_) => true,
-    });
+    let same = rule
+        .limits
+        .iter()
+        .zip(k.limits.iter())
+        .all(|(l, s)| match s {
+            LState::Window(w) => {
+                l.kind != Kind::Counter
+                    && w.leased_for == Some((l.slot(now), l.slot(boundary_next)))
+            }
+            LState::Bucket(_) => true,
+        });
     if !same {
         return false;
     }
@@ -1823,6 +1859,18 @@ fn split_reports(keys: Vec<KeyReport>, limit: usize) -> Vec<Vec<KeyReport>> {
         }
     }
     parts
+}
+
+/// The published demand: `(d̂ + arrivals) / 2`, rounded up while anything arrives (so a
+/// steady 1 per round stays 1 rather than vanishing) and down once nothing does (so it decays
+/// to 0).
+fn smooth(demand: u64, arrivals: u64) -> u64 {
+    let sum = demand.saturating_add(arrivals);
+    if arrivals > 0 {
+        sum.div_ceil(2)
+    } else {
+        sum / 2
+    }
 }
 
 /// Lease weights (numerators over their sum): `μ/N + (1 − μ)·d/D` with μ = 1/20, or even

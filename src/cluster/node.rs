@@ -63,8 +63,6 @@ pub struct Cluster {
     addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
     counts: Arc<Mutex<Counts>>,
     tasks: Vec<JoinHandle<()>>,
-    started: tokio::time::Instant,
-    ready_timeout: Duration,
 }
 
 impl Cluster {
@@ -123,6 +121,9 @@ impl Cluster {
         )
         .await?;
         info!(%gossip, quic = %transport.local_addr(), %advertise, seeds = ?c.seeds, secure = transport.secure(), "cluster started");
+        let own = [gossip.to_string(), advertise.to_string()];
+        let expects_peers = c.seeds.iter().any(|s| !own.contains(s));
+        global.set_joined(!expects_peers);
         let addrs = Arc::new(Mutex::new(HashMap::new()));
         let counts = Arc::new(Mutex::new(Counts::default()));
         let sender = Sender {
@@ -134,6 +135,12 @@ impl Cluster {
             tokio::spawn(rounds(global.clone(), clock.clone(), sender.clone())),
             tokio::spawn(receive(global.clone(), clock, inbound, sender.clone())),
             tokio::spawn(members(global.clone(), membership.watch(), sender)),
+            tokio::spawn(join(
+                global.clone(),
+                expects_peers,
+                c.ready_timeout,
+                c.gossip_interval,
+            )),
         ];
         Ok(Cluster {
             global,
@@ -143,16 +150,14 @@ impl Cluster {
             addrs,
             counts,
             tasks,
-            started: tokio::time::Instant::now(),
-            ready_timeout: c.ready_timeout,
         })
     }
 
-    /// Whether `/readyz` may say 200: the node has pulled the counts of every live peer, or
-    /// the ready timeout passed and it has at least one peer's (or has no peer).
+    /// Whether `/readyz` may say 200 (and global rules take leases): the node has found a
+    /// peer and pulled the counts of every live one; or it was given no seed but itself; or
+    /// the ready timeout passed (then it serves with what it has, and logs a warning).
     pub fn ready(&self) -> bool {
-        self.global.pulled()
-            || (self.started.elapsed() >= self.ready_timeout && self.global.pulled_any())
+        self.global.joined()
     }
 
     /// Whether peers authenticate each other (mutual TLS).
@@ -265,12 +270,22 @@ impl Cluster {
             "gossamer_cluster_frames_too_large_total {}",
             counts.oversized
         );
-        let _ = writeln!(out, "# HELP gossamer_cluster_ticks_total Round boundaries and instants run.");
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_ticks_total Round boundaries and instants run."
+        );
         let _ = writeln!(out, "# TYPE gossamer_cluster_ticks_total counter");
         let _ = writeln!(out, "gossamer_cluster_ticks_total {}", counts.ticks);
-        let _ = writeln!(out, "# HELP gossamer_cluster_tick_seconds_total Time spent running them (all keys visited).");
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_tick_seconds_total Time spent running them (all keys visited)."
+        );
         let _ = writeln!(out, "# TYPE gossamer_cluster_tick_seconds_total counter");
-        let _ = writeln!(out, "gossamer_cluster_tick_seconds_total {:.6}", counts.tick_seconds);
+        let _ = writeln!(
+            out,
+            "gossamer_cluster_tick_seconds_total {:.6}",
+            counts.tick_seconds
+        );
         let _ = writeln!(out, "# HELP gossamer_cluster_transport Transport counters.");
         let _ = writeln!(out, "# TYPE gossamer_cluster_transport counter");
         let _ = writeln!(
@@ -327,6 +342,35 @@ impl Cluster {
         }
         self.transport.clone().shutdown().await;
         self.addrs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+/// Marks the node joined once it has found a peer and pulled the counts of every live one, or
+/// was given no seed but itself, or `ready_timeout` passed (then it serves with what it has,
+/// and says so). Until then global rules take no lease: a restarted node must not admit as if
+/// it were alone.
+async fn join(global: Arc<Global>, expects_peers: bool, ready_timeout: Duration, every: Duration) {
+    let started = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(every);
+    loop {
+        tick.tick().await;
+        if global.joined() {
+            return;
+        }
+        let found = global.peer_count() > 0;
+        let pulled = found && global.pulled();
+        let waited = started.elapsed() >= ready_timeout;
+        if pulled || !expects_peers || waited {
+            if waited && !pulled {
+                warn!(
+                    peers = global.peer_count(),
+                    "ready timeout: serving global rules without the counts of every peer"
+                );
+            }
+            info!(after = ?started.elapsed(), "joined the cluster");
+            global.set_joined(true);
+            return;
+        }
     }
 }
 
@@ -434,6 +478,7 @@ async fn members(
     mut watch: tokio::sync::watch::Receiver<Vec<Member>>,
     sender: Sender,
 ) {
+    let mut generations: HashMap<String, u64> = HashMap::new();
     loop {
         let list = watch.borrow_and_update().clone();
         let mut infos = Vec::new();
@@ -450,6 +495,14 @@ async fn members(
                     continue;
                 }
                 addrs.insert(m.node_id.clone(), meta.quic_addr);
+                // A restarted peer: drop the connection to its previous life at once rather
+                // than write into it until the idle timeout.
+                if generations
+                    .insert(m.node_id.clone(), m.generation)
+                    .is_some_and(|g| g != m.generation)
+                {
+                    sender.transport.forget(&m.node_id);
+                }
                 infos.push(MemberInfo {
                     actor: crate::counter::Actor::new(m.node_id.clone(), m.generation),
                     alive: m.alive,
