@@ -91,6 +91,9 @@ pub struct RoundFrame {
     pub part: u32,
     /// How many parts the round's frame has (at least 1).
     pub parts: u32,
+    /// Peers whose reports the sender is missing (a frame lost beyond what `since` covers):
+    /// each should send a full frame next round.
+    pub want_full: Vec<String>,
     /// Per key: demand, own counts and gap credit.
     pub keys: Vec<KeyReport>,
 }
@@ -243,6 +246,7 @@ mod tests {
                     since,
                     part,
                     parts,
+                    want_full: vec!["node-2".into()],
                     keys,
                 },
             )

@@ -43,7 +43,8 @@ pub const DEFAULT_ROUND: Nanos = 100 * MILLISECOND;
 pub const DEFAULT_SETTLE: Nanos = 25 * MILLISECOND;
 /// A peer whose frames are missing for this many rounds in a row is suspected.
 pub const DEFAULT_SUSPECT_AFTER: u32 = 3;
-/// Every this many rounds a node sends full frames and a digest (anti-entropy).
+/// Every this many rounds a node sends a digest (anti-entropy), and every five times as many a
+/// full frame (a peer that misses more frames than [`REPEAT`] covers asks for one sooner).
 pub const DEFAULT_FULL_EVERY: u64 = 10;
 /// A frame repeats the changes of this many rounds, so up to `REPEAT - 1` lost frames in a
 /// row do not break a receiver's view of the sender.
@@ -575,6 +576,10 @@ struct RoundState {
     view_changed: bool,
     /// The last instant, if this node was consistent at it.
     last_consistent: Option<u64>,
+    /// A peer asked for a full frame.
+    full_requested: bool,
+    /// Per limit label, the floor last passed to `Counters::forget_before`.
+    floors: HashMap<String, u64>,
 }
 
 /// Global admission for every global rule of a node. See the module docs.
@@ -670,6 +675,8 @@ impl Global {
                 stats: Stats::default(),
                 view_changed: true,
                 last_consistent: None,
+                full_requested: false,
+                floors: HashMap::new(),
             }),
             me,
             params,
@@ -1009,6 +1016,28 @@ impl Global {
                     .into_iter()
                     .filter(|(slot, _)| self.slot_in_range(slot, now))
                     .collect::<Vec<_>>();
+                // Every key the repair counts is tracked from now on, so the next instant
+                // copies its counts into the key (for `remaining`) and allots it.
+                let members = self.participants.load(Ordering::Relaxed);
+                for (slot, _) in &entries {
+                    let Some(rule) = self
+                        .rules
+                        .iter()
+                        .find(|r| r.limits.iter().any(|l| l.label == slot.rule))
+                    else {
+                        continue;
+                    };
+                    let tracked = rule.store.update(
+                        &slot.key,
+                        now,
+                        || GKey::fresh(rule, now, members),
+                        |_| false,
+                        |k| k.inputs_changed = true,
+                    );
+                    if tracked.is_err() {
+                        st.stats.store_full += 1;
+                    }
+                }
                 let before = st.counters.refused();
                 st.counters.apply_all(entries);
                 st.stats.own_dots_refused += st.counters.refused() - before;
@@ -1094,12 +1123,23 @@ impl Global {
             open: false,
             consistent: self.phase().consistent,
         });
-        let full = st.view_changed || n % self.params.full_every.max(1) == 0;
+        let full =
+            st.view_changed || st.full_requested || n % (5 * self.params.full_every.max(1)) == 0;
         st.view_changed = false;
+        st.full_requested = false;
+        let want_full: Vec<String> = st
+            .peers
+            .iter()
+            .filter(|(_, p)| !p.suspected && p.applied.is_some() && p.complete_to != p.applied)
+            .map(|(node, _)| node.clone())
+            .collect();
         let boundary_time = n * self.params.round;
         let mut keys = Vec::new();
         for r in &self.rules {
             r.store.visit(|key, k| {
+                if !full && quiet_boundary(r, k, n, boundary_time) {
+                    return !k.is_fresh(r, now) || k.remote_round + 2 * self.params.full_every >= n;
+                }
                 k.demand = smooth(k.demand, k.arrivals);
                 k.arrivals = 0;
                 let mut credits = Vec::with_capacity(r.limits.len());
@@ -1196,6 +1236,7 @@ impl Global {
                     since,
                     part: part as u32,
                     parts,
+                    want_full: want_full.clone(),
                     keys,
                 }))
             })
@@ -1215,10 +1256,12 @@ impl Global {
             counters,
             peers,
             stats,
+            full_requested,
             ..
         } = st;
         let Some(p) = peers.get_mut(node) else { return };
         let Some(first) = parts.first() else { return };
+        let wants_me = first.want_full.contains(&self.me.node);
         let (round, since, view) = (first.round, first.since, first.view);
         let header = RoundFrame {
             from: first.from.clone(),
@@ -1227,6 +1270,7 @@ impl Global {
             since,
             part: 0,
             parts: first.parts,
+            want_full: Vec::new(),
             keys: Vec::new(),
         };
         let agree = parts
@@ -1236,6 +1280,9 @@ impl Global {
             return;
         }
         p.applied = Some(round);
+        if wants_me {
+            *full_requested = true;
+        }
         let frame = RoundFrame {
             keys: parts.into_iter().flat_map(|f| f.keys).collect(),
             ..header
@@ -1474,12 +1521,15 @@ impl Global {
             st.hold_nodes = nodes;
         }
         st.last_consistent = consistent.then_some(n);
-        // Forget slots no decision can read any more.
+        // Forget slots no decision can read any more (a scan of every slot: only when a
+        // limit's oldest readable slot moves).
         for r in &self.rules {
             for l in &r.limits {
-                let cur = l.slot(now);
-                st.counters
-                    .forget_before(&l.label, cur.saturating_sub(l.span()));
+                let floor = l.slot(now).saturating_sub(l.span());
+                if st.floors.get(&l.label) != Some(&floor) {
+                    st.counters.forget_before(&l.label, floor);
+                    st.floors.insert(l.label.clone(), floor);
+                }
             }
         }
         st.counters.clear_changes();
@@ -1576,11 +1626,17 @@ impl Global {
             };
             c.saturating_sub(l.budget(next, boundary_next, upper)) / 4
         };
+        let in_use = u64::from(a > 0 || demands.iter().any(|&d| d > 0));
         let mut credits: Vec<u64> = reachable
             .iter()
             .map(|&i| {
+                // At least one unit on a key in use, so a node can serve a sparse key's next
+                // check from its credit in the gap or in a round where it cannot lease. (An
+                // idle key gets none, so it can be forgotten; its next check is a starter.)
                 let want = u128::from(demands[i]) * 2 * u128::from(self.params.settle);
-                u64::try_from(want.div_ceil(u128::from(self.params.round))).unwrap_or(u64::MAX)
+                u64::try_from(want.div_ceil(u128::from(self.params.round)))
+                    .unwrap_or(u64::MAX)
+                    .max(in_use)
             })
             .collect();
         let wanted: u64 = credits.iter().copied().fold(0, u64::saturating_add);
@@ -1694,6 +1750,39 @@ impl Global {
     pub fn rule_keys(&self, rule: usize) -> usize {
         self.rules.get(rule).map_or(0, |r| r.store.len())
     }
+}
+
+/// The boundary of a key with nothing to publish (no demand, no arrivals, no new counts, no
+/// credit, not changed within the last [`REPEAT`] rounds): prune old slots and close the gap
+/// with no credit, without building anything. Returns false, changing nothing, for any
+/// other key.
+fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> bool {
+    let quiet = k.arrivals == 0
+        && k.demand == 0
+        && !k.counts_dirty
+        && k.sent.is_none()
+        && k.changed_in + REPEAT <= n
+        && k.limits.iter().all(|s| match s {
+            LState::Window(w) => w.grants.iter().all(|g| g.credit == 0 && !g.starter),
+            LState::Bucket(_) => true,
+        });
+    if !quiet {
+        return false;
+    }
+    for (l, s) in rule.limits.iter().zip(k.limits.iter_mut()) {
+        if let LState::Window(w) = s {
+            let cur = l.slot(boundary_time);
+            let oldest = cur.saturating_sub(l.span());
+            w.own.retain(|(slot, _)| *slot >= oldest);
+            w.others.retain(|(slot, _)| *slot >= oldest);
+            w.grants.retain(|g| g.slot >= cur);
+            for g in &mut w.grants {
+                g.gap = Some(0);
+            }
+            w.published_credit = None;
+        }
+    }
+    true
 }
 
 /// Renews a key's leases unchanged for another round, if its allocation would come out the

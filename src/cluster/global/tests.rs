@@ -468,6 +468,7 @@ fn hostile_messages_are_refused() {
             since: None,
             part: 0,
             parts: 1,
+            want_full: vec![],
             keys: vec![],
         })
     };
@@ -507,6 +508,7 @@ fn hostile_messages_are_refused() {
         since: None,
         part: 0,
         parts: 1,
+        want_full: vec![],
         keys: vec![
             KeyReport {
                 rule: "api".into(),
@@ -629,6 +631,7 @@ mod hostile {
                     since,
                     part: 0,
                     parts: 1,
+                    want_full: vec![],
                     keys,
                 })
             })
