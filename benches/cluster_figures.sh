@@ -118,7 +118,7 @@ table inet $NFT_TABLE {
 }
 EOF
 }
-loss_off() { nft delete table inet "$NFT_TABLE"; }
+loss_off() { nft delete table inet "$NFT_TABLE" 2>/dev/null || true; }
 
 scenarios() {
     local n=$1 run=$2 skew_label
