@@ -943,11 +943,13 @@ impl Global {
         self.joined.load(Ordering::Acquire)
     }
 
-    /// Whether this node has pulled the cluster's state: a repair from every live peer is in
-    /// (or it has no live peer).
+    /// Whether this node has pulled the cluster's state: a repair from every live peer is in,
+    /// and there is at least one.
     pub fn pulled(&self) -> bool {
         let st = self.lock();
-        st.peers.values().filter(|p| p.alive).all(|p| p.pulled)
+        let mut alive = st.peers.values().filter(|p| p.alive).peekable();
+        // At least one live peer (no vacuous truth while membership has not seen one alive yet).
+        alive.peek().is_some() && alive.all(|p| p.pulled)
     }
 
     /// Peers known from membership.
@@ -1016,8 +1018,11 @@ impl Global {
                     .into_iter()
                     .filter(|(slot, _)| self.slot_in_range(slot, now))
                     .collect::<Vec<_>>();
-                // Every key the repair counts is tracked from now on, so the next instant
-                // copies its counts into the key (for `remaining`) and allots it.
+                let before = st.counters.refused();
+                st.counters.apply_all(entries.iter().cloned());
+                st.stats.own_dots_refused += st.counters.refused() - before;
+                // Every key the repair counts is tracked from now on, with the counts it now
+                // knows (for `remaining` at once), and allotted at the next instant.
                 let members = self.participants.load(Ordering::Relaxed);
                 for (slot, _) in &entries {
                     let Some(rule) = self
@@ -1027,20 +1032,26 @@ impl Global {
                     else {
                         continue;
                     };
+                    let counters = &st.counters;
                     let tracked = rule.store.update(
                         &slot.key,
                         now,
                         || GKey::fresh(rule, now, members),
                         |_| false,
-                        |k| k.inputs_changed = true,
+                        |k| {
+                            k.inputs_changed = true;
+                            for (l, s) in rule.limits.iter().zip(k.limits.iter_mut()) {
+                                if let LState::Window(w) = s {
+                                    let slots = SlotReader::new(counters, &l.label, &slot.key);
+                                    copy_others(&slots, l, w, now);
+                                }
+                            }
+                        },
                     );
                     if tracked.is_err() {
                         st.stats.store_full += 1;
                     }
                 }
-                let before = st.counters.refused();
-                st.counters.apply_all(entries);
-                st.stats.own_dots_refused += st.counters.refused() - before;
                 if let Some(p) = st.peers.get_mut(peer) {
                     p.pulled = true;
                 }
