@@ -9,7 +9,7 @@
 //! - a *membership task* turns chitchat's member list into [`Global::set_members`] and keeps
 //!   the QUIC address of every member.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -130,6 +130,8 @@ impl Cluster {
             transport: transport.clone(),
             addrs: addrs.clone(),
             counts: counts.clone(),
+            authenticated: Arc::new(Mutex::new(HashSet::new())),
+            newly_authenticated: Arc::new(tokio::sync::Notify::new()),
         };
         let tasks = vec![
             tokio::spawn(rounds(global.clone(), clock.clone(), sender.clone())),
@@ -384,6 +386,13 @@ struct Sender {
     transport: QuicTransport,
     addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
     counts: Arc<Mutex<Counts>>,
+    /// Node ids that have sent a frame over an authenticated QUIC connection. Gossip alone
+    /// (chitchat is unauthenticated) never makes a node a member of the round protocol: a
+    /// member nobody can authenticate would be charged as an unreachable peer and hold
+    /// everyone's limits.
+    authenticated: Arc<Mutex<HashSet<String>>>,
+    /// Wakes the membership task when a node is authenticated for the first time.
+    newly_authenticated: Arc<tokio::sync::Notify>,
 }
 
 impl Sender {
@@ -442,6 +451,15 @@ async fn receive(
     sender: Sender,
 ) {
     while let Some(Inbound { peer, frame, .. }) = inbound.recv().await {
+        let first = sender
+            .authenticated
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(peer.clone());
+        if first {
+            debug!(%peer, "peer authenticated");
+            sender.newly_authenticated.notify_one();
+        }
         let reject = |reason: &'static str| {
             *sender
                 .counts
@@ -503,16 +521,28 @@ async fn members(
                 {
                     sender.transport.forget(&m.node_id);
                 }
-                infos.push(MemberInfo {
-                    actor: crate::counter::Actor::new(m.node_id.clone(), m.generation),
-                    alive: m.alive,
-                });
+                // Frames go to every gossip member (that is how a peer gets the chance to
+                // authenticate), but only authenticated ones take part in the rounds.
+                let authenticated = sender
+                    .authenticated
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .contains(&m.node_id);
+                if authenticated {
+                    infos.push(MemberInfo {
+                        actor: crate::counter::Actor::new(m.node_id.clone(), m.generation),
+                        alive: m.alive,
+                    });
+                }
             }
         }
         let out = global.set_members(&infos);
         sender.send(out);
-        if watch.changed().await.is_err() {
-            return;
+        tokio::select! {
+            changed = watch.changed() => if changed.is_err() {
+                return;
+            },
+            () = sender.newly_authenticated.notified() => {}
         }
     }
 }
