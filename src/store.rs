@@ -200,29 +200,11 @@ impl<V> Store<V> {
 
     /// Removes fresh keys; with `idle_only`, only those not updated since the last sweep.
     fn sweep_where(&self, is_fresh: impl Fn(&V) -> bool, idle_only: bool) -> usize {
-        let mut evicted = 0;
-        for shard in self.shards.iter() {
-            let mut inner = shard
-                .inner
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let before = inner.table.len();
-            inner.table.retain(|e| {
-                let keep = (idle_only && e.touched) || !is_fresh(&e.value);
-                e.touched = false;
-                keep
-            });
-            let len = inner.table.len();
-            evicted += before - len;
-            // Give memory back after a burst of keys has gone, but keep a floor: keys that
-            // come and go every sweep would otherwise shrink and regrow the table each time.
-            let target = (2 * len).max(SHRINK_FLOOR);
-            if inner.table.capacity() > 2 * target {
-                let hasher = &self.hasher;
-                inner.table.shrink_to(target, |e| hasher.hash_one(&*e.key));
-            }
-        }
-        self.keys.fetch_sub(evicted, Ordering::Relaxed);
+        let evicted = self.retain(|e| {
+            let keep = (idle_only && e.touched) || !is_fresh(&e.value);
+            e.touched = false;
+            keep
+        });
         self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
         evicted
     }
@@ -231,6 +213,11 @@ impl<V> Store<V> {
     /// which `f` returns `false` (not counted as evictions). For the cluster's round task;
     /// holds each shard's lock while it visits that shard, so keep `f` short.
     pub fn visit(&self, mut f: impl FnMut(&str, &mut V) -> bool) -> usize {
+        self.retain(|e| f(&e.key, &mut e.value))
+    }
+
+    /// Keeps the entries `keep` says to keep, one shard at a time, and returns how many went.
+    fn retain(&self, mut keep: impl FnMut(&mut Entry<V>) -> bool) -> usize {
         let mut removed = 0;
         for shard in self.shards.iter() {
             let mut inner = shard
@@ -238,8 +225,16 @@ impl<V> Store<V> {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let before = inner.table.len();
-            inner.table.retain(|e| f(&e.key, &mut e.value));
-            removed += before - inner.table.len();
+            inner.table.retain(&mut keep);
+            let len = inner.table.len();
+            removed += before - len;
+            // Give memory back after a burst of keys has gone, but keep a floor: keys that
+            // come and go every sweep would otherwise shrink and regrow the table each time.
+            let target = (2 * len).max(SHRINK_FLOOR);
+            if inner.table.capacity() > 2 * target {
+                let hasher = &self.hasher;
+                inner.table.shrink_to(target, |e| hasher.hash_one(&*e.key));
+            }
         }
         self.keys.fetch_sub(removed, Ordering::Relaxed);
         removed

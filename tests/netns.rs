@@ -25,7 +25,7 @@
 //! answer time, rounded to a window edge): the nodes share this machine's clock, so there is
 //! no skew to allow for.
 //!
-//! The `#[ignore]`d tests assert what the design promises and fail today; each names the bug
+//! The ignored tests assert what the design promises and fail today; each names the gap
 //! in its `ignore` reason. Run them with `cargo test --test netns -- --ignored --nocapture`.
 
 use std::collections::BTreeMap;

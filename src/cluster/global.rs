@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crdts::Dot;
 
-use crate::counter::{Actor, Counters, SlotId};
+use crate::counter::{Actor, Counters, SlotId, StableHasher};
 use crate::limiter::{
     Algorithm, Decision, Limit, MILLISECOND, Nanos, Verdict, admit_wait, more_restrictive,
 };
@@ -761,7 +761,11 @@ impl Global {
             now,
             || GKey::fresh(r, now, n),
             |k| k.is_fresh(r, now),
-            |k| self.decide(r, k, cost, max_wait, now, phase, n, true),
+            |k| {
+                let (index, decision) = self.decide(r, k, cost, max_wait, now, phase, n);
+                charge(r, k, &decision, cost, now, n);
+                (index, decision)
+            },
         )
     }
 
@@ -772,9 +776,16 @@ impl Global {
         let phase = self.phase();
         let n = self.participants.load(Ordering::Relaxed);
         r.store.read(key, |k| {
-            let mut k = k.cloned().unwrap_or_else(|| GKey::fresh(r, now, n));
-            let (i, mut d) = self.decide(r, &mut k, 1, 0, now, phase, n, false);
-            let (_, current) = self.decide(r, &mut k, 0, 0, now, phase, n, false);
+            let fresh;
+            let k = match k {
+                Some(k) => k,
+                None => {
+                    fresh = GKey::fresh(r, now, n);
+                    &fresh
+                }
+            };
+            let (i, mut d) = self.decide(r, k, 1, 0, now, phase, n);
+            let (_, current) = self.decide(r, k, 0, 0, now, phase, n);
             if let Verdict::Admit { .. } = d.verdict {
                 d.verdict = Verdict::Admit { wait: 0 };
             }
@@ -783,18 +794,19 @@ impl Global {
         })
     }
 
-    /// Decides (and with `charge`, charges) one key. Admitted only if every limit admits.
+    /// What a check of one key would get, charging nothing: admitted only if every limit
+    /// admits; reports the most restrictive limit, as
+    /// [`KeyState::check`](crate::limiter::KeyState::check) does.
     #[allow(clippy::too_many_arguments)]
     fn decide(
         &self,
         rule: &GRule,
-        key: &mut GKey,
+        key: &GKey,
         cost: u64,
         max_wait: Nanos,
         now: Nanos,
         phase: Phase,
         participants: u64,
-        charge: bool,
     ) -> (usize, Decision) {
         let mut index = 0;
         let mut worst: Option<Decision> = None;
@@ -815,27 +827,8 @@ impl Global {
         let Some(mut decision) = worst else {
             unreachable!("a rule always has at least one limit")
         };
-        if charge && cost > 0 && !matches!(decision.verdict, Verdict::Never) {
-            key.arrivals = key.arrivals.saturating_add(cost);
-        }
         if let Verdict::Admit { .. } = decision.verdict {
             decision.verdict = Verdict::Admit { wait };
-            if charge && cost > 0 {
-                let known = key.known;
-                for (l, s) in rule.limits.iter().zip(key.limits.iter_mut()) {
-                    match s {
-                        LState::Window(w) => {
-                            commit_window(l, w, known, cost, now, participants);
-                            key.counts_dirty = true;
-                        }
-                        LState::Bucket(b) => {
-                            let level = b.level_at(&l.limit, now);
-                            b.level = level - unit_cost(&l.limit, cost);
-                            b.at = b.at.max(now);
-                        }
-                    }
-                }
-            }
         }
         (index, decision)
     }
@@ -870,7 +863,7 @@ impl Global {
         }
         let spendable = match w.grants.iter().find(|g| g.slot == s) {
             Some(g) => g.spendable(),
-            None if starter_allowed(w, known, phase) => c / participants.max(1),
+            None if starter_allowed(w, known, phase) => starter(l, participants),
             None => 0,
         };
         if cost <= spendable.min(remaining) {
@@ -955,12 +948,6 @@ impl Global {
     /// Peers known from membership.
     pub fn peer_count(&self) -> usize {
         self.lock().peers.len()
-    }
-
-    /// Whether at least one peer's repair is in, or there is no peer.
-    pub fn pulled_any(&self) -> bool {
-        let st = self.lock();
-        st.peers.is_empty() || st.peers.values().any(|p| p.pulled)
     }
 
     /// Handles one message from the authenticated peer `peer`.
@@ -1114,7 +1101,7 @@ impl Global {
             .collect();
         all.push((&self.me.node, self.me.generation, false));
         all.sort_unstable();
-        let mut h = Fnv::new();
+        let mut h = StableHasher::new();
         for (node, generation, suspected) in all {
             h.str(node);
             h.u64(generation);
@@ -1149,7 +1136,7 @@ impl Global {
         for r in &self.rules {
             r.store.visit(|key, k| {
                 if !full && quiet_boundary(r, k, n, boundary_time) {
-                    return !k.is_fresh(r, now) || k.remote_round + 2 * self.params.full_every >= n;
+                    return self.keep(r, k, n, now);
                 }
                 k.demand = smooth(k.demand, k.arrivals);
                 k.arrivals = 0;
@@ -1223,8 +1210,7 @@ impl Global {
                 } else {
                     Some((k.demand, credits))
                 };
-                // Keep a key peers still report on: it must be allotted, not look new.
-                !k.is_fresh(r, now) || k.remote_round + 2 * self.params.full_every >= n
+                self.keep(r, k, n, now)
             });
         }
         let view = self.view(st);
@@ -1259,6 +1245,12 @@ impl Global {
             }));
         }
         out
+    }
+
+    /// Whether the boundary of round `n` keeps a key: it holds state, or peers reported on it
+    /// recently (it must be allotted, not mistaken for a new key).
+    fn keep(&self, r: &GRule, k: &GKey, n: u64, now: Nanos) -> bool {
+        !k.is_fresh(r, now) || k.remote_round + 2 * self.params.full_every >= n
     }
 
     /// Applies a peer's round (all its parts): counts as dots, reports as the latest inputs.
@@ -1674,7 +1666,7 @@ impl Global {
         if left > 0 {
             let mut order: Vec<usize> = (0..leases.len()).collect();
             order.sort_by_key(|&j| {
-                let mut h = Fnv::new();
+                let mut h = StableHasher::new();
                 h.str(&l.label);
                 h.str(key);
                 h.u64(cur);
@@ -1845,14 +1837,46 @@ fn starter_allowed(w: &WState, known: bool, phase: Phase) -> bool {
     !known && phase.open && phase.consistent && w.own.is_empty() && w.others.is_empty()
 }
 
-fn commit_window(
-    l: &GLimit,
-    w: &mut WState,
-    known: bool,
+/// Records a check's `decision` in the key: its cost as demand (unless it can never fit) and,
+/// if admitted, as an admission under every limit.
+fn charge(
+    rule: &GRule,
+    key: &mut GKey,
+    decision: &Decision,
     cost: u64,
     now: Nanos,
     participants: u64,
 ) {
+    if cost == 0 {
+        return;
+    }
+    if !matches!(decision.verdict, Verdict::Never) {
+        key.arrivals = key.arrivals.saturating_add(cost);
+    }
+    if !decision.allowed() {
+        return;
+    }
+    for (l, s) in rule.limits.iter().zip(key.limits.iter_mut()) {
+        match s {
+            LState::Window(w) => {
+                commit_window(l, w, cost, now, participants);
+                key.counts_dirty = true;
+            }
+            LState::Bucket(b) => {
+                let level = b.level_at(&l.limit, now);
+                b.level = level - unit_cost(&l.limit, cost);
+                b.at = b.at.max(now);
+            }
+        }
+    }
+}
+
+/// A starter's allowance: an even split of the limit among the participants.
+fn starter(l: &GLimit, participants: u64) -> u64 {
+    l.limit.limit() / participants.max(1)
+}
+
+fn commit_window(l: &GLimit, w: &mut WState, cost: u64, now: Nanos, participants: u64) {
     let s = l.slot(now);
     match w.grants.iter_mut().find(|g| g.slot == s) {
         Some(g) => {
@@ -1863,10 +1887,9 @@ fn commit_window(
         }
         None => {
             // A starter (the only way to admit without a grant).
-            let _ = known;
             w.grants.push(Grant {
                 slot: s,
-                allowance: l.limit.limit() / participants.max(1),
+                allowance: starter(l, participants),
                 used: cost,
                 credit: 0,
                 gap: None,
@@ -2003,35 +2026,6 @@ fn bucket_share(demands: &[u64]) -> u64 {
     u64::try_from(one * num / (f * n * total))
         .unwrap_or(1)
         .max(1)
-}
-
-/// 64-bit FNV-1a: a hash every node computes the same way (the view, the remainder order).
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Fnv {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-
-    fn bytes(&mut self, b: &[u8]) {
-        for &x in b {
-            self.0 ^= u64::from(x);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    fn str(&mut self, s: &str) {
-        self.u64(s.len() as u64);
-        self.bytes(s.as_bytes());
-    }
-
-    fn u64(&mut self, x: u64) {
-        self.bytes(&x.to_le_bytes());
-    }
-
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 #[cfg(test)]

@@ -10,6 +10,7 @@
 //!   the QUIC address of every member.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -25,7 +26,7 @@ use super::tls::Security;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::limiter::Nanos;
-use crate::wire::{self, Message};
+use crate::wire;
 
 /// Why the cluster could not start.
 #[derive(Debug, thiserror::Error)]
@@ -192,138 +193,93 @@ impl Cluster {
 
     /// Prometheus text for the cluster's counters.
     pub fn render_metrics(&self, out: &mut String) {
-        use std::fmt::Write;
         let stats = self.global.stats();
         let t = self.transport.stats();
         let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let members = self.members();
-        let alive = members.iter().filter(|m| m.alive).count();
-        let _ = writeln!(
+        let alive = members.iter().filter(|m| m.alive).count() as u64;
+        family(
             out,
-            "# HELP gossamer_cluster_members Members known, by state."
+            "gossamer_cluster_members",
+            "gauge",
+            "Members known, by state.",
+            &[
+                ("state=\"alive\"", alive),
+                ("state=\"dead\"", members.len() as u64 - alive),
+            ],
         );
-        let _ = writeln!(out, "# TYPE gossamer_cluster_members gauge");
-        let _ = writeln!(out, "gossamer_cluster_members{{state=\"alive\"}} {alive}");
-        let _ = writeln!(
+        family(
             out,
-            "gossamer_cluster_members{{state=\"dead\"}} {}",
-            members.len() - alive
+            "gossamer_cluster_rounds_total",
+            "counter",
+            "Round instants, by whether this node could lease.",
+            &[
+                ("state=\"consistent\"", stats.consistent_rounds),
+                ("state=\"degraded\"", stats.degraded_rounds),
+            ],
         );
-        let _ = writeln!(
-            out,
-            "# HELP gossamer_cluster_rounds_total Round instants, by whether this node could lease."
-        );
-        let _ = writeln!(out, "# TYPE gossamer_cluster_rounds_total counter");
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_rounds_total{{state=\"consistent\"}} {}",
-            stats.consistent_rounds
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_rounds_total{{state=\"degraded\"}} {}",
-            stats.degraded_rounds
-        );
-        let _ = writeln!(
-            out,
-            "# HELP gossamer_cluster_frames_rejected_total Frames or reports from peers dropped, by reason."
-        );
-        let _ = writeln!(out, "# TYPE gossamer_cluster_frames_rejected_total counter");
-        for reason in [
+        let rejected = |reason: &str| counts.rejected.get(reason).copied().unwrap_or(0);
+        let reasons = [
             Reject::Impostor,
             Reject::NotMember,
             Reject::StaleGeneration,
             Reject::RoundOutOfRange,
             Reject::Unexpected,
             Reject::BadParts,
-        ] {
-            let n = counts.rejected.get(reason.name()).copied().unwrap_or(0);
-            let _ = writeln!(
-                out,
-                "gossamer_cluster_frames_rejected_total{{reason=\"{}\"}} {n}",
-                reason.name()
-            );
-        }
-        let malformed = counts.rejected.get("malformed").copied().unwrap_or(0);
-        let _ = writeln!(
+        ];
+        let labels: Vec<(String, u64)> = reasons
+            .iter()
+            .map(|r| (r.name(), rejected(r.name())))
+            .chain([
+                ("malformed", rejected("malformed")),
+                ("bad_report", stats.reports_dropped),
+                ("own_actor", stats.own_dots_refused),
+            ])
+            .map(|(reason, n)| (format!("reason=\"{reason}\""), n))
+            .collect();
+        let labels: Vec<(&str, u64)> = labels.iter().map(|(l, n)| (l.as_str(), *n)).collect();
+        family(
             out,
-            "gossamer_cluster_frames_rejected_total{{reason=\"malformed\"}} {malformed}"
+            "gossamer_cluster_frames_rejected_total",
+            "counter",
+            "Frames or reports from peers dropped, by reason.",
+            &labels,
+        );
+        family(
+            out,
+            "gossamer_cluster_frames_too_large_total",
+            "counter",
+            "Outgoing messages over the frame limit, not sent.",
+            &[("", counts.oversized)],
+        );
+        family(
+            out,
+            "gossamer_cluster_ticks_total",
+            "counter",
+            "Round boundaries and instants run.",
+            &[("", counts.ticks)],
         );
         let _ = writeln!(
             out,
-            "gossamer_cluster_frames_rejected_total{{reason=\"bad_report\"}} {}",
-            stats.reports_dropped
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_frames_rejected_total{{reason=\"own_actor\"}} {}",
-            stats.own_dots_refused
-        );
-        let _ = writeln!(
-            out,
-            "# HELP gossamer_cluster_frames_too_large_total Outgoing messages over the frame limit, not sent."
-        );
-        let _ = writeln!(
-            out,
-            "# TYPE gossamer_cluster_frames_too_large_total counter"
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_frames_too_large_total {}",
-            counts.oversized
-        );
-        let _ = writeln!(
-            out,
-            "# HELP gossamer_cluster_ticks_total Round boundaries and instants run."
-        );
-        let _ = writeln!(out, "# TYPE gossamer_cluster_ticks_total counter");
-        let _ = writeln!(out, "gossamer_cluster_ticks_total {}", counts.ticks);
-        let _ = writeln!(
-            out,
-            "# HELP gossamer_cluster_tick_seconds_total Time spent running them (all keys visited)."
-        );
-        let _ = writeln!(out, "# TYPE gossamer_cluster_tick_seconds_total counter");
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_tick_seconds_total {:.6}",
+            "# HELP gossamer_cluster_tick_seconds_total Time spent running them (all keys visited).\n\
+             # TYPE gossamer_cluster_tick_seconds_total counter\n\
+             gossamer_cluster_tick_seconds_total {:.6}",
             counts.tick_seconds
         );
-        let _ = writeln!(out, "# HELP gossamer_cluster_transport Transport counters.");
-        let _ = writeln!(out, "# TYPE gossamer_cluster_transport counter");
-        let _ = writeln!(
+        family(
             out,
-            "gossamer_cluster_transport{{what=\"frames_sent\"}} {}",
-            t.frames_sent
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_transport{{what=\"frames_received\"}} {}",
-            t.frames_received
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_transport{{what=\"bytes_sent\"}} {}",
-            t.bytes_sent
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_transport{{what=\"bytes_received\"}} {}",
-            t.bytes_received
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_transport{{what=\"handshakes_refused\"}} {}",
-            t.handshakes_refused
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_transport{{what=\"send_failures\"}} {}",
-            t.send_failures
-        );
-        let _ = writeln!(
-            out,
-            "gossamer_cluster_transport{{what=\"queue_drops\"}} {}",
-            t.queue_drops
+            "gossamer_cluster_transport",
+            "counter",
+            "Transport counters.",
+            &[
+                ("what=\"frames_sent\"", t.frames_sent),
+                ("what=\"frames_received\"", t.frames_received),
+                ("what=\"bytes_sent\"", t.bytes_sent),
+                ("what=\"bytes_received\"", t.bytes_received),
+                ("what=\"handshakes_refused\"", t.handshakes_refused),
+                ("what=\"send_failures\"", t.send_failures),
+                ("what=\"queue_drops\"", t.queue_drops),
+            ],
         );
     }
 
@@ -372,6 +328,19 @@ async fn join(global: Arc<Global>, expects_peers: bool, ready_timeout: Duration,
             info!(after = ?started.elapsed(), "joined the cluster");
             global.set_joined(true);
             return;
+        }
+    }
+}
+
+/// Writes one metric family: its HELP and TYPE lines and a sample per label set (`""` for
+/// none).
+fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, u64)]) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+    for (labels, value) in samples {
+        if labels.is_empty() {
+            let _ = writeln!(out, "{name} {value}");
+        } else {
+            let _ = writeln!(out, "{name}{{{labels}}} {value}");
         }
     }
 }
@@ -477,16 +446,12 @@ async fn receive(
                 continue;
             }
         };
-        let is_repair = matches!(message, Message::Repair { .. });
         match global.receive(&peer, message, clock.now()) {
             Ok(out) => sender.send(out),
             Err(r) => {
                 debug!(%peer, reason = r.name(), "dropped a frame");
                 reject(r.name());
             }
-        }
-        if is_repair {
-            debug!(%peer, "applied a repair");
         }
     }
 }
@@ -549,13 +514,9 @@ async fn members(
 
 /// A hash of the global rules as configured, so peers with different rules are reported.
 pub fn rules_hash(config: &Config) -> String {
-    let text = format!("{:?}", config.rules);
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in text.bytes() {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    format!("{h:016x}")
+    let mut h = crate::counter::StableHasher::new();
+    h.str(&format!("{:?}", config.rules));
+    format!("{:016x}", h.finish())
 }
 
 /// Nanoseconds, for the generation of a starting node: its start time in milliseconds.

@@ -147,30 +147,30 @@ fn hashes(id: &SlotId, slot: &Slot) -> (u64, u64) {
 /// FNV-1a (64-bit) over a fixed layout, finished with a SplitMix64 mix so that the low bits
 /// (used for buckets) depend on every input byte. Unlike `std`'s hashers, its output is
 /// specified, so every node computes the same digest.
-struct StableHasher(u64);
+pub(crate) struct StableHasher(u64);
 
 impl StableHasher {
-    fn new() -> StableHasher {
+    pub(crate) fn new() -> StableHasher {
         StableHasher(0xcbf2_9ce4_8422_2325)
     }
 
-    fn bytes(&mut self, bytes: &[u8]) {
+    pub(crate) fn bytes(&mut self, bytes: &[u8]) {
         for &b in bytes {
             self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
 
-    fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.bytes(&v.to_le_bytes());
     }
 
     /// Length first, so ("ab", "c") and ("a", "bc") differ.
-    fn str(&mut self, s: &str) {
+    pub(crate) fn str(&mut self, s: &str) {
         self.u64(s.len() as u64);
         self.bytes(s.as_bytes());
     }
 
-    fn finish(&self) -> u64 {
+    pub(crate) fn finish(&self) -> u64 {
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);

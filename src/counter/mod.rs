@@ -45,6 +45,7 @@ use std::mem;
 use crdts::{CmRDT, Dot, VClock};
 use serde::{Deserialize, Serialize};
 
+pub(crate) use digest::StableHasher;
 pub use digest::{DIGEST_SLOTS_PER_BUCKET, Digest, MAX_DIGEST_BUCKETS, RuleDigest};
 
 /// One incarnation of a node: the unit that owns counts.
