@@ -36,10 +36,13 @@ pub fn node() -> Global {
         10_000,
     )
     .expect("valid rules");
-    g.set_members(&[MemberInfo {
-        actor: Actor::new("b", 5),
-        alive: true,
-    }]);
+    g.set_members(
+        &[MemberInfo {
+            actor: Actor::new("b", 5),
+            alive: true,
+        }],
+        NOW,
+    );
     g
 }
 

@@ -191,6 +191,8 @@ pub struct Stats {
     pub own_dots_refused: u64,
     /// Keys that could not be tracked because the store was full.
     pub store_full: u64,
+    /// Keys whose counts took a retired actor's ghost ([`Global::retire`]).
+    pub retired_ghosts: u64,
 }
 
 /// How a limit counts in the cluster.
@@ -882,7 +884,10 @@ impl Global {
     /// Brings membership up to date: every member but this node, with its current actor.
     /// A peer that is new (or back with a new incarnation) gets a digest at once, so it
     /// repairs this node's view and this node learns its counts.
-    pub fn set_members(&self, members: &[MemberInfo]) -> Vec<Output> {
+    ///
+    /// A peer back with a new generation retires its old actor ([`Global::retire`]), so
+    /// `now` is needed.
+    pub fn set_members(&self, members: &[MemberInfo], now: Nanos) -> Vec<Output> {
         let mut st = self.lock();
         let mut out = Vec::new();
         let listed: HashSet<&str> = members.iter().map(|m| m.actor.node.as_str()).collect();
@@ -902,10 +907,13 @@ impl Global {
                     }
                 }
                 _ => {
-                    st.peers.insert(
+                    let replaced = st.peers.insert(
                         m.actor.node.clone(),
                         Peer::new(m.actor.clone(), m.alive, self.rules.len()),
                     );
+                    if let Some(old) = replaced {
+                        self.retire(&mut st, &old, now);
+                    }
                     changed = true;
                     let digest = st.counters.digest();
                     out.push(Output::To(
@@ -970,8 +978,9 @@ impl Global {
         }
         if from.generation > p.actor.generation {
             // Restarted before membership told us: it is a new actor.
-            *p = Peer::new(from.clone(), true, self.rules.len());
+            let old = std::mem::replace(p, Peer::new(from.clone(), true, self.rules.len()));
             st.view_changed = true;
+            self.retire(&mut st, &old, now);
         }
         match message {
             Message::Round(frame) => {
@@ -1542,6 +1551,78 @@ impl Global {
             consistent,
         });
         self.instants.fetch_add(1, Ordering::Release);
+    }
+
+    /// Charges `old`, a peer's incarnation that will never speak again (its node is back as
+    /// a newer generation), for what it may have admitted after its last frame: those
+    /// admissions died with it, and if nobody counted them the slot would hand them out
+    /// again (design §5, "A dead member under `hold`").
+    ///
+    /// For each key with a hold record, `old`'s count in each slot it may have admitted in
+    /// becomes at least the smaller of its ghost there (what the record let it admit) and
+    /// its known count plus twice its published demand for every round since its last
+    /// applied frame (at most [`REPEAT`] + 1 rounds), plus its published gap credit. The
+    /// demand term keeps a long window's ghost to a few rounds of traffic instead of the
+    /// node's whole lease. The charge is an ordinary dot for `old`, so it reaches every peer,
+    /// and the restarted node's pull, through anti-entropy, and the largest one wins.
+    fn retire(&self, st: &mut RoundState, old: &Peer, now: Nanos) {
+        let Some(i) = st.hold_nodes.iter().position(|a| *a == old.actor) else {
+            return;
+        };
+        let current = now / self.params.round;
+        let rounds = old
+            .applied
+            .map_or(REPEAT, |a| current.saturating_sub(a).min(REPEAT))
+            + 1;
+        let mut ghosts = 0u64;
+        for (ri, r) in self.rules.iter().enumerate() {
+            let counters = &mut st.counters;
+            r.store.visit(|key, k| {
+                let report = old.reports.get(ri).and_then(|m| m.get(key));
+                let demand = report.map_or(0, |(d, _)| *d);
+                let mut any = false;
+                for (li, (l, s)) in r.limits.iter().zip(k.limits.iter_mut()).enumerate() {
+                    let LState::Window(w) = s else { continue };
+                    let Some(rec) = w.hold.as_deref() else {
+                        continue;
+                    };
+                    let credit = report
+                        .and_then(|(_, c)| c.get(li).copied().flatten())
+                        .map_or(0, |(_, units)| units);
+                    let unpublished = demand.saturating_mul(2 * rounds).saturating_add(credit);
+                    let c = l.limit.limit();
+                    let cur = l.slot(now);
+                    let mut charged = false;
+                    // Slots from the record's to now's that a decision can still read.
+                    for x in rec.slot.max(cur.saturating_sub(l.span()))..=cur {
+                        let held = if x == rec.slot {
+                            rec.claims.get(i).copied().unwrap_or(c)
+                        } else {
+                            let share = rec.weights.get(i).copied().unwrap_or(rec.den);
+                            u64::try_from((u128::from(c) * share).div_ceil(rec.den.max(1)))
+                                .unwrap_or(c)
+                        };
+                        let id = SlotId::new(l.label.as_str(), key, x);
+                        let known = counters.count(&id, &old.actor);
+                        let ghost = held.min(known.saturating_add(unpublished));
+                        if ghost > known && counters.apply(id, Dot::new(old.actor.clone(), ghost)) {
+                            charged = true;
+                        }
+                    }
+                    if charged {
+                        let slots = SlotReader::new(counters, &l.label, key);
+                        copy_others(&slots, l, w, now);
+                        any = true;
+                    }
+                }
+                if any {
+                    k.inputs_changed = true;
+                    ghosts += 1;
+                }
+                true
+            });
+        }
+        st.stats.retired_ghosts += ghosts;
     }
 
     /// Copies everyone else's counts into the key for `remaining`.

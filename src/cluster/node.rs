@@ -136,8 +136,13 @@ impl Cluster {
         };
         let tasks = vec![
             tokio::spawn(rounds(global.clone(), clock.clone(), sender.clone())),
-            tokio::spawn(receive(global.clone(), clock, inbound, sender.clone())),
-            tokio::spawn(members(global.clone(), membership.watch(), sender)),
+            tokio::spawn(receive(
+                global.clone(),
+                clock.clone(),
+                inbound,
+                sender.clone(),
+            )),
+            tokio::spawn(members(global.clone(), clock, membership.watch(), sender)),
             tokio::spawn(join(
                 global.clone(),
                 expects_peers,
@@ -217,6 +222,14 @@ impl Cluster {
                 ("state=\"consistent\"", stats.consistent_rounds),
                 ("state=\"degraded\"", stats.degraded_rounds),
             ],
+        );
+        family(
+            out,
+            "gossamer_cluster_retired_ghosts_total",
+            "counter",
+            "Keys charged the ghost of a restarted peer's previous incarnation (its \
+             possible admissions after its last frame, counted so they are not handed out again).",
+            &[("", stats.retired_ghosts)],
         );
         let rejected = |reason: &str| counts.rejected.get(reason).copied().unwrap_or(0);
         let reasons = [
@@ -458,6 +471,7 @@ async fn receive(
 
 async fn members(
     global: Arc<Global>,
+    clock: Arc<dyn Clock>,
     mut watch: tokio::sync::watch::Receiver<Vec<Member>>,
     sender: Sender,
 ) {
@@ -501,7 +515,7 @@ async fn members(
                 }
             }
         }
-        let out = global.set_members(&infos);
+        let out = global.set_members(&infos, clock.now());
         sender.send(out);
         tokio::select! {
             changed = watch.changed() => if changed.is_err() {
