@@ -36,6 +36,42 @@ enum Command {
     },
     /// Write a cluster CA and a certificate per node for mutual TLS ([cluster.tls]).
     Certs(CertsArgs),
+    /// Run the cluster simulation: replay a seed, explore many, or write the chaos report.
+    Sim(SimArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SimArgs {
+    /// Replay this seed: print its fault schedule, windows and any invariant it broke.
+    #[arg(long, conflicts_with = "seeds")]
+    seed: Option<u64>,
+    /// Run every seed in FROM..TO and print the ones that break an invariant.
+    #[arg(long, value_parser = seed_range)]
+    seeds: Option<std::ops::Range<u64>>,
+    /// Partition mode of the simulated cluster.
+    #[arg(long, value_enum, default_value_t = PartitionMode::Hold)]
+    on_partition: PartitionMode,
+    /// Write the chaos report (scenarios, seeds, scaling) as FILE and its plots beside it.
+    #[arg(long, value_name = "FILE")]
+    report: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum PartitionMode {
+    Hold,
+    Split,
+}
+
+fn seed_range(s: &str) -> Result<std::ops::Range<u64>, String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("\"{s}\" is not FROM..TO"))?;
+    let parse = |x: &str| x.parse::<u64>().map_err(|e| format!("\"{x}\": {e}"));
+    let (a, b) = (parse(a)?, parse(b)?);
+    if a >= b {
+        return Err(format!("\"{s}\" is empty"));
+    }
+    Ok(a..b)
 }
 
 #[derive(Debug, clap::Args)]
@@ -128,6 +164,52 @@ fn main() -> ExitCode {
             command: ConfigCommand::Check { file },
         } => config_check(&file),
         Command::Certs(args) => certs(&args),
+        Command::Sim(args) => sim(&args),
+    }
+}
+
+fn sim(args: &SimArgs) -> ExitCode {
+    use gossamer::cluster::global::OnPartition;
+    use gossamer::cluster::sim;
+    let mode = match args.on_partition {
+        PartitionMode::Hold => OnPartition::Hold,
+        PartitionMode::Split => OnPartition::Split,
+    };
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    if let Some(path) = &args.report {
+        return match sim::report::write(path, threads) {
+            Ok(summary) => {
+                println!("{summary}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: writing {}: {e}", path.display());
+                ExitCode::from(EXIT_ERROR)
+            }
+        };
+    }
+    let seeds = match (args.seed, &args.seeds) {
+        (Some(seed), _) => seed..seed + 1,
+        (None, Some(range)) => range.clone(),
+        (None, None) => 1..101,
+    };
+    let one = seeds.end - seeds.start == 1;
+    let started = std::time::Instant::now();
+    let summary = sim::explore(seeds.clone(), threads, |s| s.on_partition = mode);
+    if one {
+        let mut setup = sim::Setup::from_seed(seeds.start);
+        setup.on_partition = mode;
+        print!("{}", sim::run(&setup).describe(&setup));
+    } else {
+        for failure in &summary.failures {
+            println!("{failure}");
+        }
+    }
+    println!("{}", summary.line(started.elapsed()));
+    if summary.failures.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_DENIED)
     }
 }
 

@@ -501,9 +501,6 @@ struct HoldRecord {
     slot: u64,
     /// Per node: its count in `slot` at the boundary plus the credit and lease it held.
     claims: Vec<u64>,
-    /// Per node: its demand weight (numerator over `den`).
-    weights: Vec<u128>,
-    den: u128,
 }
 
 /// Lookups of one key's slots in [`Counters`], reusing one [`SlotId`] (two allocations per
@@ -1569,6 +1566,7 @@ impl Global {
         let Some(i) = st.hold_nodes.iter().position(|a| *a == old.actor) else {
             return;
         };
+        let members = st.hold_nodes.len().max(1) as u64;
         let current = now / self.params.round;
         let rounds = old
             .applied
@@ -1598,9 +1596,7 @@ impl Global {
                         let held = if x == rec.slot {
                             rec.claims.get(i).copied().unwrap_or(c)
                         } else {
-                            let share = rec.weights.get(i).copied().unwrap_or(rec.den);
-                            u64::try_from((u128::from(c) * share).div_ceil(rec.den.max(1)))
-                                .unwrap_or(c)
+                            c.div_ceil(members)
                         };
                         let id = SlotId::new(l.label.as_str(), key, x);
                         let known = counters.count(&id, &old.actor);
@@ -1666,10 +1662,11 @@ impl Global {
                 let held = record.zip(part.hold_index);
                 let ghost = match (held, part.hold_index) {
                     (Some((rec, i)), _) if x == rec.slot => rec.claims.get(i).copied().unwrap_or(c),
-                    (Some((rec, i)), _) if x > rec.slot => {
-                        let share = rec.weights.get(i).copied().unwrap_or(rec.den);
-                        u64::try_from((u128::from(c) * share).div_ceil(rec.den.max(1)))
-                            .unwrap_or(u64::MAX)
+                    // A slot opened since the record: an even split. (The record's weights
+                    // would follow demand, but each side's record may come from a different
+                    // n0, and weights from different rounds can sum to more than one.)
+                    (Some((rec, _)), _) if x > rec.slot => {
+                        u64::try_from(u128::from(c).div_ceil(n_parts)).unwrap_or(c)
                     }
                     (Some(_), _) => known,
                     // Both were in the last fully consistent set, but the key had no record
@@ -1796,8 +1793,6 @@ impl Global {
             w.hold = Some(Box::new(HoldRecord {
                 slot: cur,
                 claims,
-                weights,
-                den,
             }));
         }
     }
@@ -1818,6 +1813,26 @@ impl Global {
         self.lock()
             .counters
             .total(&SlotId::new(l.label.clone(), key, slot))
+    }
+
+    /// `actor`'s count this node knows for a windowed limit's slot (simulation checks).
+    pub fn known_count(
+        &self,
+        rule: &str,
+        limit: usize,
+        key: &str,
+        slot: u64,
+        actor: &Actor,
+    ) -> u64 {
+        let Some(&ri) = self.by_name.get(rule) else {
+            return 0;
+        };
+        let Some(l) = self.rules[ri].limits.get(limit) else {
+            return 0;
+        };
+        self.lock()
+            .counters
+            .count(&SlotId::new(l.label.clone(), key, slot), actor)
     }
 
     /// Peers this node suspects now.

@@ -5,6 +5,7 @@
 //! - [`quic`]: frames between peers over QUIC, one frame per unidirectional stream.
 //! - [`tls`]: mutual TLS under a cluster CA (or ephemeral, unauthenticated certificates).
 //! - [`node`]: the shell that runs the round protocol over membership and QUIC.
+//! - [`sim`]: the round protocol on virtual time under seeded faults (`gossamer sim`).
 
 #[doc(hidden)]
 pub mod fuzzing;
@@ -12,4 +13,5 @@ pub mod global;
 pub mod membership;
 pub mod node;
 pub mod quic;
+pub mod sim;
 pub mod tls;

@@ -1,17 +1,16 @@
 //! Clusters of [`Global`]s on virtual time, over a simulated network that round-trips every
 //! message through the wire codec and can delay, drop and cut. Seeded, so every run is exact.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use super::*;
+use crate::cluster::sim::{START, Sim};
 use crate::limiter::SECOND;
 use crate::wire;
 
 const MS: Nanos = MILLISECOND;
-/// Virtual time starts at a round-aligned instant well after the epoch.
-const START: Nanos = 1_700_000_000 * SECOND;
 
 fn fixed(limit: u64, period: Nanos) -> Limit {
     Limit::new(Algorithm::FixedWindow, limit, period, None).unwrap()
@@ -19,203 +18,6 @@ fn fixed(limit: u64, period: Nanos) -> Limit {
 
 fn bucket(alg: Algorithm, limit: u64, period: Nanos, burst: u64) -> Limit {
     Limit::new(alg, limit, period, Some(burst)).unwrap()
-}
-
-struct Sim {
-    now: Nanos,
-    names: Vec<String>,
-    nodes: Vec<Option<Global>>,
-    rules: Vec<(String, Vec<Limit>)>,
-    params: Params,
-    generations: Vec<u64>,
-    /// (deliver at, from, to, frame)
-    inflight: Vec<(Nanos, usize, usize, Vec<u8>)>,
-    rng: u64,
-    /// Directed links that drop everything.
-    cut: HashSet<(usize, usize)>,
-    /// Per mille of messages dropped.
-    loss: u64,
-    delay: Nanos,
-    /// Admissions per (node, window index of `window`), for checking bounds.
-    admitted: BTreeMap<(usize, u64), u64>,
-    window: Nanos,
-    rejects: u64,
-}
-
-impl Sim {
-    fn new(n: usize, rules: Vec<(String, Vec<Limit>)>, params: Params, seed: u64) -> Sim {
-        let names: Vec<String> = (0..n).map(|i| format!("node-{i}")).collect();
-        let mut sim = Sim {
-            now: START,
-            names,
-            nodes: Vec::new(),
-            rules,
-            params,
-            generations: vec![1; n],
-            inflight: Vec::new(),
-            rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
-            cut: HashSet::new(),
-            loss: 0,
-            delay: MS,
-            admitted: BTreeMap::new(),
-            window: SECOND,
-            rejects: 0,
-        };
-        for i in 0..n {
-            let g = sim.make(i);
-            sim.nodes.push(Some(g));
-        }
-        for i in 0..n {
-            sim.announce(i);
-        }
-        sim
-    }
-
-    fn make(&self, i: usize) -> Global {
-        Global::new(
-            Actor::new(self.names[i].clone(), self.generations[i]),
-            self.params.clone(),
-            self.rules.clone(),
-            Arc::new(AtomicUsize::new(0)),
-            1_000_000,
-        )
-        .unwrap()
-    }
-
-    /// Tells node `i` who the members are (all configured nodes, with their generations).
-    fn announce(&mut self, i: usize) {
-        let members: Vec<MemberInfo> = (0..self.names.len())
-            .filter(|&j| j != i)
-            .map(|j| MemberInfo {
-                actor: Actor::new(self.names[j].clone(), self.generations[j]),
-                alive: self.nodes[j].is_some(),
-            })
-            .collect();
-        if let Some(g) = &self.nodes[i] {
-            let out = g.set_members(&members, self.now);
-            self.route(i, out);
-        }
-    }
-
-    fn random(&mut self) -> u64 {
-        // xorshift64*
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    fn route(&mut self, from: usize, out: Vec<Output>) {
-        for o in out {
-            let (targets, message): (Vec<usize>, Message) = match o {
-                Output::ToAll(m) => ((0..self.names.len()).filter(|&j| j != from).collect(), m),
-                Output::To(node, m) => {
-                    let j = self.names.iter().position(|n| *n == node).unwrap();
-                    (vec![j], m)
-                }
-            };
-            let frame = wire::encode(&message).unwrap();
-            for to in targets {
-                if self.cut.contains(&(from, to)) || self.random() % 1000 < self.loss {
-                    continue;
-                }
-                self.inflight
-                    .push((self.now + self.delay, from, to, frame.clone()));
-            }
-        }
-    }
-
-    /// Advances virtual time by `dt`, running every due tick and delivery.
-    fn advance(&mut self, dt: Nanos) {
-        let end = self.now + dt;
-        while self.now < end {
-            self.now = (self.now + MS).min(end);
-            for i in 0..self.nodes.len() {
-                for _ in 0..3 {
-                    let Some(g) = &self.nodes[i] else { break };
-                    if g.next_tick(self.now) > self.now {
-                        break;
-                    }
-                    let out = g.tick(self.now);
-                    self.route(i, out);
-                }
-            }
-            let now = self.now;
-            let (due, later): (Vec<_>, Vec<_>) = self.inflight.drain(..).partition(|m| m.0 <= now);
-            self.inflight = later;
-            for (_, from, to, frame) in due {
-                let Some(g) = &self.nodes[to] else { continue };
-                let message = wire::decode(&frame).unwrap();
-                match g.receive(&self.names[from], message, now) {
-                    Ok(out) => self.route(to, out),
-                    Err(_) => self.rejects += 1,
-                }
-            }
-        }
-    }
-
-    fn check(&mut self, i: usize, rule: &str, key: &str, cost: u64) -> Decision {
-        let g = self.nodes[i].as_ref().unwrap();
-        let ri = g.rule_index(rule).unwrap();
-        let (_, d) = g.check(ri, key, cost, 0, self.now).unwrap();
-        if d.allowed() {
-            *self
-                .admitted
-                .entry((i, self.now / self.window))
-                .or_default() += cost;
-        }
-        d
-    }
-
-    /// Runs `secs` seconds of load: each ms, node i gets a request with probability
-    /// `per_mille[i]`/1000 on `key`.
-    fn load(&mut self, rule: &str, key: &str, per_mille: &[u64], dur: Nanos) {
-        let end = self.now + dur;
-        while self.now < end {
-            self.advance(MS);
-            for (i, &p) in per_mille.iter().enumerate() {
-                if self.nodes[i].is_some() && self.random() % 1000 < p {
-                    self.check(i, rule, key, 1);
-                }
-            }
-        }
-    }
-
-    fn per_window(&self) -> BTreeMap<u64, u64> {
-        let mut w = BTreeMap::new();
-        for ((_, win), n) in &self.admitted {
-            *w.entry(*win).or_default() += n;
-        }
-        w
-    }
-
-    fn total(&self) -> u64 {
-        self.admitted.values().sum()
-    }
-
-    fn crash(&mut self, i: usize) {
-        self.nodes[i] = None;
-        self.inflight.retain(|m| m.2 != i);
-    }
-
-    fn restart(&mut self, i: usize) {
-        self.generations[i] += 1;
-        self.nodes[i] = Some(self.make(i));
-        for j in 0..self.nodes.len() {
-            self.announce(j);
-        }
-    }
-
-    fn partition(&mut self, side: &[usize]) {
-        for &a in side {
-            for b in 0..self.nodes.len() {
-                if !side.contains(&b) {
-                    self.cut.insert((a, b));
-                    self.cut.insert((b, a));
-                }
-            }
-        }
-    }
 }
 
 fn rules_fixed() -> Vec<(String, Vec<Limit>)> {
@@ -299,7 +101,7 @@ fn a_partition_under_hold_never_admits_more_than_the_limit_and_heals_without_los
             assert!(n <= 100, "seed {seed} window {w}: {n}");
         }
         assert_eq!(sim.nodes[0].as_ref().unwrap().suspected(), vec!["node-2"]);
-        sim.cut.clear();
+        sim.net.cut.clear();
         sim.load("api", "k", &[67, 67, 67], 2 * SECOND);
         for (w, n) in sim.per_window() {
             assert!(n <= 100, "seed {seed} window {w}: {n}");
@@ -394,7 +196,7 @@ fn a_crashed_and_restarted_node_loses_no_published_count() {
 #[test]
 fn twenty_percent_message_loss_costs_admissions_not_the_limit() {
     let mut sim = Sim::new(3, rules_fixed(), Params::default(), 11);
-    sim.loss = 200;
+    sim.net.loss = 200;
     sim.advance(300 * MS);
     sim.load("api", "k", &[67, 67, 67], 10 * SECOND);
     let windows = sim.per_window();
@@ -406,7 +208,7 @@ fn twenty_percent_message_loss_costs_admissions_not_the_limit() {
 #[test]
 fn delay_within_the_settle_time_costs_nothing() {
     let mut sim = Sim::new(5, rules_fixed(), Params::default(), 13);
-    sim.delay = 20 * MS;
+    sim.net.delay = 20 * MS;
     sim.advance(300 * MS);
     sim.load("api", "k", &[40, 40, 40, 40, 40], 10 * SECOND);
     let windows = sim.per_window();

@@ -1,0 +1,1074 @@
+//! A deterministic simulation of a cluster of [`Global`]s: the production round protocol on
+//! virtual time, over a simulated network, with faults drawn from one seed.
+//!
+//! Everything that is random here (loads, losses, delays, the fault schedule) comes from one
+//! xorshift generator seeded by the caller, and the code under test reads no clock and draws
+//! no randomness of its own, so a seed replays exactly: `gossamer sim --seed N`.
+//!
+//! What is simulated, and how:
+//! - **The network**: every message goes through the wire codec, then may be lost, duplicated,
+//!   delayed (a base delay plus a per-message jitter, which also reorders) or cut (per
+//!   directed link, which makes one-way and flapping partitions).
+//! - **Membership** (chitchat in a node): node i holds j alive while it heard from j within
+//!   [`DETECT`], and learns j's new generation when it hears from it.
+//! - **Nodes**: a crash drops the node and its inbound messages; a restart is a new
+//!   generation; a pause stops the node's ticks and queues its inbound messages until it
+//!   resumes (as a stopped process's sockets would), with its clock running on. Each node
+//!   reads the virtual time plus its own clock offset.
+//!
+//! [`run`] draws a schedule, plays it under a load, checks invariants as it goes and after
+//! the faults stop ([`Outcome`]); the [`Sim`] itself is also the harness of the scenario
+//! tests in `global/tests.rs`.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use crate::cluster::global::{Global, MemberInfo, OnPartition, Output, Params};
+use crate::counter::Actor;
+use crate::limiter::{Algorithm, Decision, Limit, MILLISECOND, Nanos, SECOND};
+use crate::wire::{self, Message};
+
+pub mod report;
+
+/// How long a node holds a silent peer alive (chitchat at a 100 ms gossip interval takes
+/// 0.4–0.8 s; `membership.rs`).
+pub const DETECT: Nanos = 600 * MILLISECOND;
+/// Virtual time starts here: round-aligned and far from the epoch.
+pub const START: Nanos = 1_700_000_000 * SECOND;
+const MS: Nanos = MILLISECOND;
+
+/// Per-message network behaviour.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Net {
+    /// Per mille of messages lost.
+    pub loss: u64,
+    /// Per mille of messages delivered twice.
+    pub duplicate: u64,
+    /// Every message takes at least this long.
+    pub delay: Nanos,
+    /// Plus up to this much more, drawn per message (so messages overtake each other).
+    pub jitter: Nanos,
+    /// Directed links `(from, to)` that drop everything.
+    pub cut: HashSet<(usize, usize)>,
+}
+
+/// A message in flight: (from, to, encoded frame).
+type InFlight = (usize, usize, Arc<Vec<u8>>);
+
+/// A cluster of [`Global`]s on virtual time. See the module docs.
+#[derive(Debug)]
+pub struct Sim {
+    /// Virtual (true) time.
+    pub now: Nanos,
+    /// Node ids.
+    pub names: Vec<String>,
+    /// The running incarnation of each node; `None` while crashed.
+    pub nodes: Vec<Option<Global>>,
+    /// The network.
+    pub net: Net,
+    /// Each node's clock offset from true time.
+    pub skew: Vec<i64>,
+    /// Admissions per (node, window of length [`Sim::window`] by the node's own clock).
+    pub admitted: BTreeMap<(usize, u64), u64>,
+    /// The window `admitted` is bucketed by.
+    pub window: Nanos,
+    /// Messages a node refused.
+    pub rejects: u64,
+    /// Encoded bytes each node sent.
+    pub bytes_sent: Vec<u64>,
+    rules: Vec<(String, Vec<Limit>)>,
+    params: Params,
+    generations: Vec<u64>,
+    /// Until when a node is paused.
+    paused: Vec<Option<Nanos>>,
+    /// Messages in flight by (delivery time, sequence).
+    queue: BTreeMap<(Nanos, u64), InFlight>,
+    seq: u64,
+    rng: u64,
+    /// `heard[i][j]`: when node i last heard from j (a delivered message or gossip).
+    heard: Vec<Vec<Option<Nanos>>>,
+    /// `known[i][j]`: the generation of j that node i knows.
+    known: Vec<Vec<u64>>,
+    /// The member list last given to each node, to call `set_members` only on a change.
+    told: Vec<Vec<MemberInfo>>,
+    /// True admissions per (actor, rule, key, slot by the actor's clock), for fixed windows.
+    truth: HashMap<(Actor, String, String, u64), u64>,
+    /// Every fixed-window admission: (true time, key, slot by the node's clock, cost).
+    log: Vec<(Nanos, String, u64, u64)>,
+    /// Whether `truth` and `log` are kept (off for large runs that check no invariant).
+    pub track: bool,
+}
+
+impl Sim {
+    /// `n` nodes serving `rules`, seeded with `seed`, all formed into one cluster.
+    pub fn new(n: usize, rules: Vec<(String, Vec<Limit>)>, params: Params, seed: u64) -> Sim {
+        let mut sim = Sim {
+            now: START,
+            names: (0..n).map(|i| format!("node-{i}")).collect(),
+            nodes: Vec::new(),
+            net: Net {
+                delay: MS,
+                ..Net::default()
+            },
+            skew: vec![0; n],
+            admitted: BTreeMap::new(),
+            window: SECOND,
+            rejects: 0,
+            bytes_sent: vec![0; n],
+            rules,
+            params,
+            generations: vec![1; n],
+            paused: vec![None; n],
+            queue: BTreeMap::new(),
+            seq: 0,
+            rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
+            heard: vec![vec![Some(START); n]; n],
+            known: vec![vec![1; n]; n],
+            told: vec![Vec::new(); n],
+            truth: HashMap::new(),
+            log: Vec::new(),
+            track: true,
+        };
+        for i in 0..n {
+            let g = sim.make(i);
+            sim.nodes.push(Some(g));
+        }
+        for i in 0..n {
+            sim.announce(i);
+        }
+        sim
+    }
+
+    fn make(&self, i: usize) -> Global {
+        Global::new(
+            Actor::new(self.names[i].clone(), self.generations[i]),
+            self.params.clone(),
+            self.rules.clone(),
+            Arc::new(AtomicUsize::new(0)),
+            1_000_000,
+        )
+        .expect("rules fit the params")
+    }
+
+    /// Node `i`'s clock.
+    pub fn clock(&self, i: usize) -> Nanos {
+        self.now.saturating_add_signed(self.skew[i])
+    }
+
+    /// Whether node `i` runs now (not crashed, not paused).
+    pub fn running(&self, i: usize) -> bool {
+        self.nodes[i].is_some() && self.paused[i].is_none()
+    }
+
+    /// The running node `i`.
+    pub fn node(&self, i: usize) -> &Global {
+        self.nodes[i].as_ref().expect("node is running")
+    }
+
+    /// A draw from the simulation's generator (xorshift64*).
+    pub fn random(&mut self) -> u64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// A draw in `lo..hi` (`lo` if empty).
+    pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.random() % (hi - lo)
+        }
+    }
+
+    /// Tells node `i` the members it knows of now (at once, whatever it heard).
+    pub fn announce(&mut self, i: usize) {
+        let members: Vec<MemberInfo> = (0..self.names.len())
+            .filter(|&j| j != i)
+            .map(|j| MemberInfo {
+                actor: Actor::new(self.names[j].clone(), self.generations[j]),
+                alive: self.running(j),
+            })
+            .collect();
+        for (j, m) in members.iter().enumerate() {
+            let j = if j >= i { j + 1 } else { j };
+            self.known[i][j] = m.actor.generation;
+        }
+        self.tell(i, members);
+    }
+
+    fn tell(&mut self, i: usize, members: Vec<MemberInfo>) {
+        if self.told[i] == members || !self.running(i) {
+            return;
+        }
+        let now = self.clock(i);
+        let out = self.node(i).set_members(&members, now);
+        self.told[i] = members;
+        self.route(i, out);
+    }
+
+    /// Membership as a failure detector sees it: j is alive to i if i heard from j within
+    /// [`DETECT`]; i knows j's generation as of the last time it heard from it.
+    fn gossip(&mut self) {
+        let n = self.names.len();
+        for i in 0..n {
+            for j in 0..n {
+                if i != j && self.running(j) && !self.net.cut.contains(&(j, i)) {
+                    self.heard[i][j] = Some(self.now);
+                    self.known[i][j] = self.generations[j];
+                }
+            }
+        }
+        for i in 0..n {
+            if !self.running(i) {
+                continue;
+            }
+            let members: Vec<MemberInfo> = (0..n)
+                .filter(|&j| j != i)
+                .map(|j| MemberInfo {
+                    actor: Actor::new(self.names[j].clone(), self.known[i][j]),
+                    alive: self.heard[i][j].is_some_and(|t| self.now - t <= DETECT),
+                })
+                .collect();
+            self.tell(i, members);
+        }
+    }
+
+    /// Sends what node `from` output over the simulated network.
+    pub fn route(&mut self, from: usize, out: Vec<Output>) {
+        for o in out {
+            let (targets, message): (Vec<usize>, Message) = match o {
+                Output::ToAll(m) => ((0..self.names.len()).filter(|&j| j != from).collect(), m),
+                Output::To(node, m) => match self.names.iter().position(|n| *n == node) {
+                    Some(j) => (vec![j], m),
+                    None => continue,
+                },
+            };
+            let frame = Arc::new(wire::encode(&message).expect("a node's message encodes"));
+            for to in targets {
+                self.bytes_sent[from] += frame.len() as u64;
+                if self.net.cut.contains(&(from, to)) || self.random() % 1000 < self.net.loss {
+                    continue;
+                }
+                let copies = if self.random() % 1000 < self.net.duplicate {
+                    2
+                } else {
+                    1
+                };
+                for _ in 0..copies {
+                    let jitter = self.between(0, self.net.jitter + 1);
+                    let at = self.now + self.net.delay + jitter;
+                    self.seq += 1;
+                    self.queue
+                        .insert((at, self.seq), (from, to, Arc::clone(&frame)));
+                }
+            }
+        }
+    }
+
+    /// Advances virtual time by `dt` in 1 ms steps, running every due tick and delivery.
+    pub fn advance(&mut self, dt: Nanos) {
+        let end = self.now + dt;
+        while self.now < end {
+            self.now = (self.now + MS).min(end);
+            if self.now % (100 * MS) == 0 {
+                self.gossip();
+            }
+            for i in 0..self.nodes.len() {
+                if self.paused[i].is_some_and(|until| until <= self.now) {
+                    self.paused[i] = None;
+                }
+                for _ in 0..3 {
+                    if !self.running(i) {
+                        break;
+                    }
+                    let now = self.clock(i);
+                    let g = self.node(i);
+                    if g.next_tick(now) > now {
+                        break;
+                    }
+                    let out = g.tick(now);
+                    self.route(i, out);
+                }
+            }
+            while let Some(entry) = self.queue.first_entry() {
+                if entry.key().0 > self.now {
+                    break;
+                }
+                let (from, to, frame) = entry.remove();
+                if self.nodes[to].is_none() {
+                    continue;
+                }
+                if self.paused[to].is_some() {
+                    // Held in the socket until the node resumes.
+                    let until = self.paused[to].unwrap_or(self.now);
+                    self.seq += 1;
+                    self.queue.insert((until, self.seq), (from, to, frame));
+                    continue;
+                }
+                let message = wire::decode(&frame).expect("frames decode");
+                let now = self.clock(to);
+                match self.node(to).receive(&self.names[from], message, now) {
+                    Ok(out) => self.route(to, out),
+                    Err(_) => self.rejects += 1,
+                }
+            }
+        }
+    }
+
+    /// Node `i` checks `cost` of `key` under `rule` now.
+    pub fn check(&mut self, i: usize, rule: &str, key: &str, cost: u64) -> Decision {
+        let now = self.clock(i);
+        let g = self.node(i);
+        let ri = g.rule_index(rule).expect("a global rule");
+        let (_, d) = g.check(ri, key, cost, 0, now).expect("the store has room");
+        let actor = g.me().clone();
+        if d.allowed() {
+            *self.admitted.entry((i, now / self.window)).or_default() += cost;
+            let period = self
+                .rules
+                .iter()
+                .find(|(name, _)| name == rule)
+                .and_then(|(_, limits)| limits.first())
+                .filter(|l| self.track && l.algorithm() == Algorithm::FixedWindow)
+                .map(Limit::period);
+            if let Some(period) = period {
+                *self
+                    .truth
+                    .entry((actor, rule.to_owned(), key.to_owned(), now / period))
+                    .or_default() += cost;
+                self.log
+                    .push((self.now, key.to_owned(), now / period, cost));
+            }
+        }
+        d
+    }
+
+    /// Runs `dur` of load: each ms, node i gets a check of cost 1 on `key` with probability
+    /// `per_mille[i]`/1000.
+    pub fn load(&mut self, rule: &str, key: &str, per_mille: &[u64], dur: Nanos) {
+        let end = self.now + dur;
+        while self.now < end {
+            self.advance(MS);
+            for (i, &p) in per_mille.iter().enumerate() {
+                if self.running(i) && self.random() % 1000 < p {
+                    self.check(i, rule, key, 1);
+                }
+            }
+        }
+    }
+
+    /// Admissions per window, all nodes together.
+    pub fn per_window(&self) -> BTreeMap<u64, u64> {
+        let mut w = BTreeMap::new();
+        for ((_, win), n) in &self.admitted {
+            *w.entry(*win).or_default() += n;
+        }
+        w
+    }
+
+    /// Admissions so far.
+    pub fn total(&self) -> u64 {
+        self.admitted.values().sum()
+    }
+
+    /// Kills node `i`: it and everything sent to it are gone.
+    pub fn crash(&mut self, i: usize) {
+        self.nodes[i] = None;
+        self.paused[i] = None;
+        self.queue.retain(|_, m| m.1 != i);
+    }
+
+    /// Starts node `i` again as a new generation, announced to everyone at once.
+    pub fn restart(&mut self, i: usize) {
+        self.restart_quietly(i);
+        for j in 0..self.nodes.len() {
+            self.announce(j);
+        }
+    }
+
+    /// Starts node `i` again as a new generation; peers learn of it through membership.
+    fn restart_quietly(&mut self, i: usize) {
+        self.generations[i] += 1;
+        self.nodes[i] = Some(self.make(i));
+        self.told[i].clear();
+        self.announce(i);
+    }
+
+    /// Stops node `i` (no ticks, inbound messages held) for `dur`.
+    pub fn pause(&mut self, i: usize, dur: Nanos) {
+        if self.nodes[i].is_some() {
+            self.paused[i] = Some(self.now + dur);
+        }
+    }
+
+    /// Cuts every link between `side` and the rest, both ways.
+    pub fn partition(&mut self, side: &[usize]) {
+        for &a in side {
+            for b in 0..self.nodes.len() {
+                if !side.contains(&b) {
+                    self.net.cut.insert((a, b));
+                    self.net.cut.insert((b, a));
+                }
+            }
+        }
+    }
+
+    /// Every node's count of `actor` in a fixed window's slot.
+    fn counts_of(&self, rule: &str, key: &str, slot: u64, actor: &Actor) -> Vec<u64> {
+        (0..self.nodes.len())
+            .filter(|&i| self.nodes[i].is_some())
+            .map(|i| self.node(i).known_count(rule, 0, key, slot, actor))
+            .collect()
+    }
+}
+
+/// One fault of a schedule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// From now on, this per mille of messages is lost.
+    Loss(u64),
+    /// From now on, this per mille of messages is delivered twice.
+    Duplicate(u64),
+    /// From now on, messages take `delay` plus up to `jitter`.
+    Delay {
+        /// The least delay.
+        delay: Nanos,
+        /// The most extra delay.
+        jitter: Nanos,
+    },
+    /// Cut these nodes off from the rest, both ways.
+    Partition(Vec<usize>),
+    /// This node hears nothing (its messages still go out).
+    Deaf(usize),
+    /// Cut the link between two nodes, both ways (repeated, it flaps).
+    Cut(usize, usize),
+    /// Restore every link.
+    Heal,
+    /// Kill a node.
+    Crash(usize),
+    /// Start a crashed node again, as a new generation.
+    Restart(usize),
+    /// Stop a node for this long.
+    Pause(usize, Nanos),
+}
+
+impl Fault {
+    /// Whether the fault can make nodes disagree on who is reachable (so the sides may
+    /// disagree on n₀; design §5).
+    fn splits(&self) -> bool {
+        matches!(
+            self,
+            Fault::Partition(_) | Fault::Deaf(_) | Fault::Cut(..) | Fault::Pause(..)
+        )
+    }
+}
+
+/// A simulation run's settings.
+#[derive(Clone, Debug)]
+pub struct Setup {
+    /// The seed of everything.
+    pub seed: u64,
+    /// Nodes.
+    pub nodes: usize,
+    /// Virtual time the run lasts.
+    pub duration: Nanos,
+    /// Faults are drawn in `[1 s, faults_until)`; then the network heals, crashed nodes
+    /// restart, and the run goes on fault-free.
+    pub faults_until: Nanos,
+    /// Partition mode.
+    pub on_partition: OnPartition,
+    /// Whether nodes' clocks are offset (by up to ±5 ms).
+    pub skew: bool,
+    /// Play this schedule instead of drawing one.
+    pub schedule: Option<Vec<(Nanos, Fault)>>,
+}
+
+impl Setup {
+    /// The setup seed `seed` draws: 3 to 5 nodes, 8 s, faults in the first 5 s, hold mode.
+    pub fn from_seed(seed: u64) -> Setup {
+        Setup {
+            seed,
+            nodes: 3 + (seed % 3) as usize,
+            duration: 8 * SECOND,
+            faults_until: 5 * SECOND,
+            on_partition: OnPartition::Hold,
+            skew: true,
+            schedule: None,
+        }
+    }
+}
+
+/// What a run found.
+#[derive(Clone, Debug, Default)]
+pub struct Outcome {
+    /// The schedule played, as (time since start, fault).
+    pub schedule: Vec<(Nanos, Fault)>,
+    /// Per key and window of the fixed rule: (window, admitted, allowance, limit).
+    pub windows: Vec<(u64, u64, u64, u64)>,
+    /// Invariant violations, each a sentence.
+    pub violations: Vec<String>,
+    /// How long after the load stopped (the faults stopped 3 s before) every node agreed on
+    /// every count.
+    pub converged_after: Option<Nanos>,
+    /// Admitted over every window, and the ideal (min of demand and limit, per window).
+    pub admitted: u64,
+    /// The limit times the windows, capped by the load offered.
+    pub ideal: u64,
+    /// Encoded bytes per node per second.
+    pub bytes_per_node_second: f64,
+    /// Admissions in the slots still open at the end that no running node counts (a
+    /// crashed node's last, unpublished ones that its retirement did not cover).
+    pub lost: u64,
+}
+
+impl Outcome {
+    /// The worst over-admission beyond the limit in any window (0 if none).
+    pub fn worst_over(&self) -> u64 {
+        self.windows
+            .iter()
+            .map(|&(_, n, _, limit)| n.saturating_sub(limit))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The run as text: the schedule, the windows and any violation (what a failure prints).
+    pub fn describe(&self, setup: &Setup) -> String {
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "seed {} ({} nodes, {} s, faults until {} s, {}, skew {}):",
+            setup.seed,
+            setup.nodes,
+            setup.duration / SECOND,
+            setup.faults_until / SECOND,
+            setup.on_partition.name(),
+            setup.skew
+        );
+        for (t, f) in &self.schedule {
+            let _ = writeln!(s, "  +{:>5} ms  {f:?}", t / MS);
+        }
+        let _ = writeln!(
+            s,
+            "  admitted per window (s since start) and key, against the limit + allowance:"
+        );
+        let first = self.windows.iter().map(|w| w.0).min().unwrap_or(0);
+        let line: Vec<String> = self
+            .windows
+            .iter()
+            .map(|(w, n, allow, limit)| format!("{}:{n}/{limit}+{allow}", w - first))
+            .collect();
+        for chunk in line.chunks(8) {
+            let _ = writeln!(s, "    {}", chunk.join("  "));
+        }
+        let _ = writeln!(
+            s,
+            "  admitted {} of ideal {}; {} lost; agreed {:?} ms after the load stopped; {:.0} B/node/s",
+            self.admitted,
+            self.ideal,
+            self.lost,
+            self.converged_after.map(|t| t / MS),
+            self.bytes_per_node_second
+        );
+        for v in &self.violations {
+            let _ = writeln!(s, "  VIOLATION: {v}");
+        }
+        s
+    }
+}
+
+/// The rule every run loads: 100 per second, fixed window.
+pub const LIMIT: u64 = 100;
+const RULE: &str = "api";
+const KEYS: [&str; 2] = ["a", "b"];
+
+/// Draws a fault schedule from the sim's generator.
+fn schedule(sim: &mut Sim, setup: &Setup) -> Vec<(Nanos, Fault)> {
+    let n = setup.nodes;
+    let mut out = Vec::new();
+    let mut t = SECOND;
+    while t < setup.faults_until {
+        let node = sim.between(0, n as u64) as usize;
+        let other = (node + 1 + sim.between(0, n as u64 - 1) as usize) % n;
+        let fault = match sim.random() % 10 {
+            0 => Fault::Loss(sim.between(0, 4) * 100),
+            1 => Fault::Duplicate(sim.between(0, 3) * 100),
+            2 => Fault::Delay {
+                delay: sim.between(1, 10) * MS,
+                jitter: sim.between(0, 40) * MS,
+            },
+            3 => {
+                let size = sim.between(1, n as u64 / 2 + 1) as usize;
+                Fault::Partition((0..size).map(|k| (node + k) % n).collect())
+            }
+            4 => Fault::Deaf(node),
+            5 => Fault::Cut(node, other),
+            6 => Fault::Heal,
+            7 => Fault::Crash(node),
+            8 => Fault::Restart(node),
+            _ => Fault::Pause(node, sim.between(2, 20) * 100 * MS),
+        };
+        out.push((t, fault));
+        t += sim.between(1, 8) * 100 * MS;
+    }
+    out
+}
+
+fn apply(sim: &mut Sim, fault: &Fault) {
+    match fault {
+        Fault::Loss(p) => sim.net.loss = *p,
+        Fault::Duplicate(p) => sim.net.duplicate = *p,
+        Fault::Delay { delay, jitter } => {
+            sim.net.delay = *delay;
+            sim.net.jitter = *jitter;
+        }
+        Fault::Partition(side) => sim.partition(side),
+        Fault::Deaf(i) => {
+            for j in 0..sim.names.len() {
+                if j != *i {
+                    sim.net.cut.insert((j, *i));
+                }
+            }
+        }
+        Fault::Cut(a, b) => {
+            sim.net.cut.insert((*a, *b));
+            sim.net.cut.insert((*b, *a));
+        }
+        Fault::Heal => sim.net.cut.clear(),
+        Fault::Crash(i) => sim.crash(*i),
+        Fault::Restart(i) => {
+            if sim.nodes[*i].is_none() {
+                sim.restart_quietly(*i);
+            }
+        }
+        Fault::Pause(i, dur) => sim.pause(*i, *dur),
+    }
+}
+
+/// The rounds after a splitting fault during which the sides may disagree on n₀: suspicion
+/// (M rounds), one more for the view to spread, one for the frames in flight.
+const ASYMMETRIC_ROUNDS: u64 = 5;
+
+/// Plays `setup`: a skewed load of 1.5× the limit on two keys, the drawn faults, then a
+/// fault-free stretch. Checks after every 10 ms that no node credits an actor with more
+/// than it admitted (retired actors aside: their ghost is meant to), and at the end that
+/// every window stayed within the limit plus what design §5 allows for the splitting
+/// faults in it (`E_asym`: the admissions in the rounds after each, see
+/// [`ASYMMETRIC_ROUNDS`]), and that every node converged to the same counts equal to the
+/// true ones.
+pub fn run(setup: &Setup) -> Outcome {
+    let params = Params {
+        on_partition: setup.on_partition,
+        ..Params::default()
+    };
+    let limit = Limit::new(Algorithm::FixedWindow, LIMIT, SECOND, None).expect("a valid limit");
+    let mut sim = Sim::new(
+        setup.nodes,
+        vec![(RULE.into(), vec![limit])],
+        params,
+        setup.seed,
+    );
+    let n = setup.nodes;
+    if setup.skew {
+        for i in 0..n {
+            sim.skew[i] = sim.between(0, 11) as i64 * MS as i64 - 5 * MS as i64;
+        }
+    }
+    // Load: node i gets 1.5 × LIMIT/s in total, spread unevenly.
+    let weights: Vec<u64> = (0..n).map(|_| sim.between(1, 10)).collect();
+    let sum: u64 = weights.iter().sum();
+    let per_mille: Vec<u64> = weights.iter().map(|w| 150 * w / sum).collect();
+    let start = sim.now;
+    sim.advance(300 * MS);
+    let plan = match &setup.schedule {
+        Some(plan) => plan.clone(),
+        None => schedule(&mut sim, setup),
+    };
+    let mut outcome = Outcome {
+        schedule: plan.clone(),
+        ..Outcome::default()
+    };
+    let mut splits: Vec<Nanos> = Vec::new();
+    let mut next = 0;
+    let faults_end = start + setup.faults_until;
+    let end = start + setup.duration;
+    let mut retired: HashSet<Actor> = HashSet::new();
+    let mut healed = false;
+    let mut offered: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    while sim.now < end {
+        while next < plan.len() && start + plan[next].0 <= sim.now {
+            let fault = &plan[next].1;
+            if fault.splits() {
+                splits.push(sim.now);
+            }
+            if let Fault::Crash(i) = fault
+                && let Some(g) = &sim.nodes[*i]
+            {
+                retired.insert(g.me().clone());
+            }
+            apply(&mut sim, fault);
+            next += 1;
+        }
+        if !healed && sim.now >= faults_end {
+            healed = true;
+            sim.net = Net {
+                delay: MS,
+                ..Net::default()
+            };
+            for i in 0..n {
+                sim.paused[i] = None;
+                if sim.nodes[i].is_none() {
+                    sim.restart_quietly(i);
+                }
+            }
+            splits.push(sim.now);
+        }
+        for _ in 0..10 {
+            sim.advance(MS);
+            for (i, &p) in per_mille.iter().enumerate() {
+                for key in KEYS {
+                    if sim.running(i) && sim.random() % 1000 < p {
+                        *offered.entry((key, sim.now / SECOND)).or_default() += 1;
+                        sim.check(i, RULE, key, 1);
+                    }
+                }
+            }
+        }
+        check_counts(&sim, &retired, &mut outcome.violations);
+        if outcome.violations.len() > 20 {
+            break;
+        }
+    }
+    // Quiet until every node agrees, at most 3 s more.
+    let quiet_from = sim.now;
+    for _ in 0..300 {
+        if agreement(&sim).is_none() {
+            outcome.converged_after = Some(sim.now - quiet_from);
+            break;
+        }
+        sim.advance(10 * MS);
+    }
+    if outcome.converged_after.is_none()
+        && let Some(why) = agreement(&sim)
+    {
+        outcome
+            .violations
+            .push(format!("no agreement 3 s after the load stopped: {why}"));
+    }
+    outcome.ideal = offered.values().map(|&o| o.min(LIMIT)).sum();
+    let newest = sim.now / SECOND;
+    for ((actor, rule, key, slot), &truth) in &sim.truth {
+        if *slot + 1 < newest {
+            continue; // forgotten by design once no decision reads it
+        }
+        let counted = sim
+            .counts_of(rule, key, *slot, actor)
+            .into_iter()
+            .max()
+            .unwrap_or(0);
+        outcome.lost += truth.saturating_sub(counted);
+    }
+    // Under `split` each side may take the whole limit once it holds the other dead (§5).
+    let sides = match setup.on_partition {
+        OnPartition::Hold => 0,
+        OnPartition::Split => n as u64 - 1,
+    };
+    check_windows(&sim, &splits, sides, &mut outcome);
+    let seconds = (sim.now - start) as f64 / SECOND as f64;
+    outcome.bytes_per_node_second = sim.bytes_sent.iter().sum::<u64>() as f64 / n as f64 / seconds;
+    outcome
+}
+
+/// What [`explore`] found over many seeds.
+#[derive(Clone, Debug, Default)]
+pub struct Summary {
+    /// Seeds run.
+    pub runs: u64,
+    /// The [`Outcome::describe`] of every run that broke an invariant.
+    pub failures: Vec<String>,
+    /// Every run's worst over-admission beyond the limit (within its allowance unless it
+    /// failed).
+    pub worst_over: u64,
+    /// Admitted and ideal, summed.
+    pub admitted: u64,
+    /// See [`Outcome::ideal`].
+    pub ideal: u64,
+    /// Lost admissions, summed.
+    pub lost: u64,
+    /// Every run's time to agree after the load stopped, sorted.
+    pub converged: Vec<Nanos>,
+}
+
+impl Summary {
+    /// One line: runs, failures, admitted against ideal, worst over-admission, lost counts
+    /// and agreement times.
+    pub fn line(&self, took: std::time::Duration) -> String {
+        let pct = |q: usize| {
+            self.converged
+                .get((self.converged.len().saturating_sub(1)) * q / 100)
+                .map_or(0, |t| t / MS)
+        };
+        format!(
+            "{} seeds in {:.0} s: {} broke an invariant; admitted {:.1}% of ideal; worst window {} over the limit (within its allowance unless failed); {} lost; agreement after the load stopped: median {} ms, p99 {} ms, max {} ms",
+            self.runs,
+            took.as_secs_f64(),
+            self.failures.len(),
+            100.0 * self.admitted as f64 / self.ideal.max(1) as f64,
+            self.worst_over,
+            self.lost,
+            pct(50),
+            pct(99),
+            pct(100)
+        )
+    }
+}
+
+/// Runs every seed of `seeds` (setups from [`Setup::from_seed`], changed by `adjust`) on
+/// `threads` threads.
+pub fn explore(
+    seeds: std::ops::Range<u64>,
+    threads: usize,
+    adjust: impl Fn(&mut Setup) + Sync,
+) -> Summary {
+    let next = std::sync::atomic::AtomicU64::new(seeds.start);
+    let summary = std::sync::Mutex::new(Summary::default());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.max(1) {
+            scope.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if seed >= seeds.end {
+                        break;
+                    }
+                    let mut setup = Setup::from_seed(seed);
+                    adjust(&mut setup);
+                    let outcome = run(&setup);
+                    let mut s = summary.lock().unwrap_or_else(|p| p.into_inner());
+                    s.runs += 1;
+                    s.worst_over = s.worst_over.max(outcome.worst_over());
+                    s.admitted += outcome.admitted;
+                    s.ideal += outcome.ideal;
+                    s.lost += outcome.lost;
+                    s.converged.extend(outcome.converged_after);
+                    if !outcome.violations.is_empty() {
+                        s.failures.push(outcome.describe(&setup));
+                    }
+                }
+            });
+        }
+    });
+    let mut summary = summary.into_inner().unwrap_or_else(|p| p.into_inner());
+    summary.converged.sort_unstable();
+    summary
+}
+
+/// One point of the scaling figures.
+#[derive(Clone, Debug)]
+pub struct ScalePoint {
+    /// Nodes.
+    pub nodes: usize,
+    /// Keys changed every round, cluster-wide.
+    pub keys: usize,
+    /// Encoded bytes each node sent per second (frames, digests, repairs).
+    pub bytes_per_node_second: f64,
+    /// From a burst at one node on a fresh key until every node counts all of it.
+    pub converge: Nanos,
+    /// Admitted on one saturated key (1.5× its limit spread evenly) against its limit.
+    pub admitted: u64,
+    /// The limit times the windows of that load.
+    pub ideal: u64,
+    /// Wall time the point took to simulate.
+    pub took: std::time::Duration,
+}
+
+/// Simulates `nodes` nodes with `keys` keys each checked once a round at a random node,
+/// for 2 s after the cluster forms, then a burst on a fresh key, then 3 s of 1.5× load on
+/// one key whose limit is 1,000 per second.
+pub fn scale(nodes: usize, keys: usize, seed: u64) -> ScalePoint {
+    let started = std::time::Instant::now();
+    let rules = vec![
+        (
+            "spread".to_owned(),
+            vec![Limit::new(Algorithm::FixedWindow, 1_000_000, SECOND, None).expect("valid")],
+        ),
+        (
+            "hot".to_owned(),
+            vec![Limit::new(Algorithm::FixedWindow, 1000, SECOND, None).expect("valid")],
+        ),
+    ];
+    let mut sim = Sim::new(nodes, rules, Params::default(), seed);
+    sim.track = false;
+    sim.advance(500 * MS);
+    let names: Vec<String> = (0..keys).map(|k| format!("k{k}")).collect();
+    let round = Params::default().round;
+    let measure_from = sim.now;
+    let sent_before: u64 = sim.bytes_sent.iter().sum();
+    for _ in 0..20 {
+        // Every key once this round, spread over its 100 ms.
+        let per_ms = keys.div_ceil((round / MS) as usize);
+        for ms in 0..round / MS {
+            sim.advance(MS);
+            for k in (ms as usize * per_ms..((ms as usize + 1) * per_ms).min(keys)).rev() {
+                let i = sim.between(0, nodes as u64) as usize;
+                sim.check(i, "spread", &names[k], 1);
+            }
+        }
+    }
+    let sent: u64 = sim.bytes_sent.iter().sum::<u64>() - sent_before;
+    let seconds = (sim.now - measure_from) as f64 / SECOND as f64;
+    let bytes_per_node_second = sent as f64 / nodes as f64 / seconds;
+    // A burst on a fresh key at node 0, then wait until everyone counts it.
+    let burst_at = sim.now;
+    let mut admitted = 0;
+    for _ in 0..5 {
+        if sim.check(0, "hot", "burst", 1).allowed() {
+            admitted += 1;
+        }
+    }
+    let slot = sim.clock(0) / SECOND;
+    let mut converge = 0;
+    for _ in 0..3000 {
+        sim.advance(MS);
+        let all = (0..nodes).all(|i| sim.node(i).known_total("hot", 0, "burst", slot) == admitted);
+        if all {
+            converge = sim.now - burst_at;
+            break;
+        }
+    }
+    // Saturating load on one key: 1.5× its limit, evenly.
+    sim.admitted.clear();
+    let per_node = 1500.0 / nodes as f64 / 1000.0;
+    let mut owed = vec![0.0f64; nodes];
+    let to_next = SECOND - sim.now % SECOND;
+    sim.advance(to_next);
+    for _ in 0..3000 {
+        sim.advance(MS);
+        for (i, o) in owed.iter_mut().enumerate() {
+            *o += per_node;
+            while *o >= 1.0 {
+                *o -= 1.0;
+                sim.check(i, "hot", "load", 1);
+            }
+        }
+    }
+    ScalePoint {
+        nodes,
+        keys,
+        bytes_per_node_second,
+        converge,
+        admitted: sim.total(),
+        ideal: 3000,
+        took: started.elapsed(),
+    }
+}
+
+/// No node credits a live actor with more than it admitted.
+fn check_counts(sim: &Sim, retired: &HashSet<Actor>, violations: &mut Vec<String>) {
+    for ((actor, rule, key, slot), &truth) in &sim.truth {
+        if retired.contains(actor) {
+            continue;
+        }
+        for (i, c) in sim.counts_of(rule, key, *slot, actor).into_iter().enumerate() {
+            if c > truth {
+                violations.push(format!(
+                    "at +{} ms a node ({i}th running) counts {actor:?} {c} in {rule}/{key} slot {slot}, which admitted {truth}",
+                    (sim.now - START) / MS
+                ));
+            }
+        }
+    }
+}
+
+/// Why the running nodes do not agree yet, if they do not: a suspected peer, or different
+/// counts of some actor in an open slot, or a live actor's count short of the truth.
+fn agreement(sim: &Sim) -> Option<String> {
+    let running: Vec<usize> = (0..sim.nodes.len()).filter(|&i| sim.running(i)).collect();
+    for &i in &running {
+        let suspected = sim.node(i).suspected();
+        if !suspected.is_empty() {
+            return Some(format!("node {i} suspects {suspected:?}"));
+        }
+    }
+    let live: HashSet<Actor> = running.iter().map(|&i| sim.node(i).me().clone()).collect();
+    let newest = sim.now / SECOND;
+    for ((actor, rule, key, slot), &truth) in &sim.truth {
+        if *slot + 1 < newest {
+            continue;
+        }
+        let counts = sim.counts_of(rule, key, *slot, actor);
+        if counts.iter().any(|&c| c != counts[0]) {
+            return Some(format!("{actor:?} {rule}/{key} slot {slot}: {counts:?}"));
+        }
+        if live.contains(actor) && counts[0] != truth {
+            return Some(format!(
+                "{actor:?} {rule}/{key} slot {slot}: counted {} of {truth}",
+                counts[0]
+            ));
+        }
+    }
+    None
+}
+
+/// Every window within the limit plus the admissions in the asymmetric rounds after each
+/// splitting fault (design §5, `E_asym`).
+/// Under `split`, a window that a splitting fault overlaps may also admit `extra_sides` more
+/// limits.
+fn check_windows(sim: &Sim, splits: &[Nanos], extra_sides: u64, outcome: &mut Outcome) {
+    let span = ASYMMETRIC_ROUNDS * Params::default().round;
+    let fault_end = splits.iter().copied().max().unwrap_or(0);
+    let fault_start = splits.iter().copied().min().unwrap_or(0);
+    let mut per_slot: BTreeMap<(&str, u64), (u64, u64)> = BTreeMap::new();
+    for (t, key, slot, cost) in &sim.log {
+        let e = per_slot.entry((key.as_str(), *slot)).or_default();
+        e.0 += cost;
+        if splits.iter().any(|&s| *t >= s && *t < s + span) {
+            e.1 += cost;
+        }
+    }
+    for ((key, slot), (n, mut allowance)) in per_slot {
+        let (from, to) = (slot * SECOND, (slot + 1) * SECOND);
+        if from < fault_end && to > fault_start {
+            allowance += extra_sides * LIMIT;
+        }
+        outcome.windows.push((slot, n, allowance, LIMIT));
+        outcome.admitted += n;
+        if n > LIMIT + allowance {
+            outcome.violations.push(format!(
+                "key {key} window {slot}: {n} admitted, limit {LIMIT} + {allowance} allowed"
+            ));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The seeds CI runs (`gossamer sim --seeds 1..10000` runs more).
+    const CI_SEEDS: std::ops::RangeInclusive<u64> = 1..=24;
+
+    #[test]
+    fn fixed_seeds_keep_every_invariant() {
+        let mut failed = Vec::new();
+        for seed in CI_SEEDS {
+            let setup = Setup::from_seed(seed);
+            let outcome = run(&setup);
+            if !outcome.violations.is_empty() {
+                failed.push(outcome.describe(&setup));
+            }
+        }
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
+    }
+
+    #[test]
+    fn a_seed_replays_exactly() {
+        let setup = Setup::from_seed(7);
+        let a = run(&setup);
+        let b = run(&setup);
+        assert_eq!(a.describe(&setup), b.describe(&setup));
+        assert!(!a.schedule.is_empty());
+    }
+}
