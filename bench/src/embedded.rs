@@ -251,3 +251,29 @@ pub fn bytes_per_key(side: Side, keys: usize) -> Result<f64, String> {
             )
         })
 }
+
+/// `gossamer-bench spin gossamer|governor hot|many SECS`: one thread deciding for `SECS`
+/// seconds on the real clock, nothing else — a target for `perf record`.
+pub fn spin(side: &str, keys: &str, secs: u64) -> Result<(), String> {
+    let n = if keys == "hot" { 1 } else { 1_000_000 };
+    let names = key_names(n);
+    let d = Duration::from_secs(secs);
+    let rate = match side {
+        "gossamer" => {
+            let e = engine(Arc::new(SystemClock), 2 * n);
+            let g = |k: &str| e.check("r", k, 1, 0).expect("rule").decision.allowed();
+            names.iter().for_each(|k| {
+                g(k);
+            });
+            timed(1, d, |_, i| g(&names[i % n]))
+        }
+        "governor" => {
+            let g = RateLimiter::keyed(quota());
+            names.iter().for_each(|k| drop(g.check_key(k)));
+            timed(1, d, |_, i| g.check_key(&names[i % n]).is_ok())
+        }
+        other => return Err(format!("unknown side {other}")),
+    };
+    println!("{side} {keys}: {rate:.0} decisions/s");
+    Ok(())
+}

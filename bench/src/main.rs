@@ -109,6 +109,7 @@ const USAGE: &str = "usage: gossamer-bench run [--quick] [--duration-ms N] [--re
 [--max-load X] [--load-wait-secs N] [--root DIR]
        gossamer-bench proxy LISTEN UPSTREAM DELAY_US
        gossamer-bench mem gossamer|governor KEYS
+       gossamer-bench spin gossamer|governor hot|many SECS
        gossamer-bench cleanup";
 
 fn parse_run(args: &[String]) -> Result<Settings, String> {
@@ -167,6 +168,10 @@ fn main() -> ExitCode {
             .parse()
             .map_err(|e| format!("KEYS: {e}"))
             .and_then(|n| embedded::bytes_per_key_child(&args[1], n)),
+        Some("spin") if args.len() == 4 => args[3]
+            .parse()
+            .map_err(|e| format!("SECS: {e}"))
+            .and_then(|secs| embedded::spin(&args[1], &args[2], secs)),
         Some("cleanup") => {
             cluster::cleanup();
             Ok(())
