@@ -588,7 +588,7 @@ fn targets(r: &Results) -> Vec<TargetLine> {
                     },
                     if threads == 1 { "" } else { "s" }
                 ),
-                median: v.median() / g.median(),
+                median: median(&runs),
                 runs,
                 bound: 1.5,
             });
