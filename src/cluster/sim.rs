@@ -648,9 +648,10 @@ fn apply(sim: &mut Sim, fault: &Fault) {
     }
 }
 
-/// The rounds after a splitting fault during which the sides may disagree on n₀: suspicion
-/// (M rounds), one more for the view to spread, one for the frames in flight.
-const ASYMMETRIC_ROUNDS: u64 = 5;
+/// The rounds after a splitting fault, or before and after a node starts suspecting a peer,
+/// during which the sides may disagree on n₀: suspicion (M rounds), one more for the view to
+/// spread, one for the frames in flight, and one for the instant that uses the records.
+const ASYMMETRIC_ROUNDS: u64 = 6;
 
 /// Plays `setup`: a skewed load of 1.5× the limit on two keys, the drawn faults, then a
 /// fault-free stretch. Checks after every 10 ms that no node credits an actor with more
@@ -668,7 +669,7 @@ pub fn run(setup: &Setup) -> Outcome {
     let mut sim = Sim::new(
         setup.nodes,
         vec![(RULE.into(), vec![limit])],
-        params,
+        params.clone(),
         setup.seed,
     );
     let n = setup.nodes;
@@ -698,6 +699,7 @@ pub fn run(setup: &Setup) -> Outcome {
     let mut retired: HashSet<Actor> = HashSet::new();
     let mut healed = false;
     let mut offered: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    let mut suspected: Vec<HashSet<String>> = vec![HashSet::new(); n];
     while sim.now < end {
         while next < plan.len() && start + plan[next].0 <= sim.now {
             let fault = &plan[next].1;
@@ -736,6 +738,20 @@ pub fn run(setup: &Setup) -> Outcome {
                     }
                 }
             }
+        }
+        // A suspicion starts a `hold` episode whose sides may disagree on n₀: the rounds
+        // before it (degraded on one side, maybe not on the other) are asymmetric.
+        for i in 0..n {
+            let now_suspected: HashSet<String> = if sim.running(i) {
+                sim.node(i).suspected().into_iter().collect()
+            } else {
+                HashSet::new()
+            };
+            if now_suspected.difference(&suspected[i]).next().is_some() {
+                let lead = u64::from(params.suspect_after + 1) * params.round;
+                splits.push(sim.now.saturating_sub(lead));
+            }
+            suspected[i] = now_suspected;
         }
         check_counts(&sim, &retired, &mut outcome.violations);
         if outcome.violations.len() > 20 {
@@ -971,7 +987,11 @@ fn check_counts(sim: &Sim, retired: &HashSet<Actor>, violations: &mut Vec<String
         if retired.contains(actor) {
             continue;
         }
-        for (i, c) in sim.counts_of(rule, key, *slot, actor).into_iter().enumerate() {
+        for (i, c) in sim
+            .counts_of(rule, key, *slot, actor)
+            .into_iter()
+            .enumerate()
+        {
             if c > truth {
                 violations.push(format!(
                     "at +{} ms a node ({i}th running) counts {actor:?} {c} in {rule}/{key} slot {slot}, which admitted {truth}",
