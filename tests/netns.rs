@@ -1316,10 +1316,13 @@ fn restarted_node_is_ready_only_after_pulling() {
                 "[{tag}] node-{victim} first said ready {} ms after restart, counting {counted:?} of the {recorded} tracer admissions made before the crash",
                 ready.as_millis()
             );
-            assert_eq!(
-                counted,
-                Some(recorded),
-                "[{tag}] the restarted node said ready before it had pulled the counts"
+            // Every admission made before the crash, plus the retired incarnation's charge
+            // (design §5): on a key idle for 500 ms, only its gap credit (1 unit, the least
+            // a key in use gets; 2 allowed).
+            let counted = counted.unwrap_or(0);
+            assert!(
+                counted >= recorded && counted <= recorded + 2,
+                "[{tag}] the restarted node counted {counted} of {recorded}: it said ready before it had pulled the counts"
             );
             lab.finish();
         },
@@ -1557,9 +1560,12 @@ async fn partition(mut lab: Lab, tag: &str, fault: Fault, strict: bool) {
         per_node(&tracer, 3),
         took.as_millis()
     );
-    assert_eq!(
-        counted, recorded,
-        "[{tag}] after the heal the cluster counts {counted} tracer admissions, the test saw {recorded}"
+    // A check the node admitted after its client gave up (a timeout while the node was cut
+    // off) is counted but never seen: up to one per request without an answer.
+    assert!(
+        counted >= recorded && counted <= recorded + tracer.failures,
+        "[{tag}] after the heal the cluster counts {counted} tracer admissions, the test saw {recorded} ({} without answer)",
+        tracer.failures
     );
     print_rounds(tag, &lab).await;
     lab.finish();

@@ -40,6 +40,7 @@ pub fn node() -> Global {
         &[MemberInfo {
             actor: Actor::new("b", 5),
             alive: true,
+            left: false,
         }],
         NOW,
     );

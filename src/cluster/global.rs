@@ -136,6 +136,9 @@ pub struct MemberInfo {
     pub actor: Actor,
     /// Whether the failure detector holds it alive.
     pub alive: bool,
+    /// It announced a graceful leave: it published its last counts and admits nothing more,
+    /// so its share is released rather than held (design §5).
+    pub left: bool,
 }
 
 /// Something for the caller to send.
@@ -893,6 +896,20 @@ impl Global {
         let mut changed = st.peers.len() != before;
         for m in members {
             if m.actor.node == self.me.node {
+                continue;
+            }
+            if m.left {
+                // Gone on purpose: charge its retirement (in case its last frame did not
+                // arrive) and stop holding its share. A later generation joins as new.
+                if st
+                    .peers
+                    .get(&m.actor.node)
+                    .is_some_and(|p| p.actor.generation <= m.actor.generation)
+                    && let Some(old) = st.peers.remove(&m.actor.node)
+                {
+                    self.retire(&mut st, &old, now);
+                    changed = true;
+                }
                 continue;
             }
             match st.peers.get_mut(&m.actor.node) {
@@ -1790,10 +1807,7 @@ impl Global {
                         .saturating_add(if next == cur { credits[j] } else { 0 })
                 })
                 .collect();
-            w.hold = Some(Box::new(HoldRecord {
-                slot: cur,
-                claims,
-            }));
+            w.hold = Some(Box::new(HoldRecord { slot: cur, claims }));
         }
     }
 

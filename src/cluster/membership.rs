@@ -163,6 +163,9 @@ pub struct Member {
     /// and no newer generation of the same node id is known. This node itself is always
     /// alive.
     pub alive: bool,
+    /// The member announced that it is leaving on purpose ([`Membership::leave`]): it has
+    /// published its last counts and admits nothing more.
+    pub leaving: bool,
     /// How long ago this node last saw the member's heartbeat grow (counted from when the
     /// member was first seen, and as of the last refresh, so up to one gossip interval
     /// stale). `None` before any heartbeat was heard.
@@ -529,6 +532,7 @@ impl Tracker {
                     gossip_addr: o.id.gossip_advertise_addr,
                     meta: o.meta.clone(),
                     alive: is_self || (o.detector_alive && !o.leaving && !superseded),
+                    leaving: o.leaving,
                     last_seen,
                     is_self,
                 }

@@ -83,6 +83,8 @@ pub struct Sim {
     generations: Vec<u64>,
     /// Until when a node is paused.
     paused: Vec<Option<Nanos>>,
+    /// Whether a node's current generation left gracefully (gossiped as leaving).
+    left: Vec<bool>,
     /// Messages in flight by (delivery time, sequence).
     queue: BTreeMap<(Nanos, u64), InFlight>,
     seq: u64,
@@ -121,6 +123,7 @@ impl Sim {
             params,
             generations: vec![1; n],
             paused: vec![None; n],
+            left: vec![false; n],
             queue: BTreeMap::new(),
             seq: 0,
             rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
@@ -191,6 +194,7 @@ impl Sim {
             .map(|j| MemberInfo {
                 actor: Actor::new(self.names[j].clone(), self.generations[j]),
                 alive: self.running(j),
+                left: false,
             })
             .collect();
         for (j, m) in members.iter().enumerate() {
@@ -231,6 +235,7 @@ impl Sim {
                 .map(|j| MemberInfo {
                     actor: Actor::new(self.names[j].clone(), self.known[i][j]),
                     alive: self.heard[i][j].is_some_and(|t| self.now - t <= DETECT),
+                    left: self.left[j] && self.known[i][j] == self.generations[j],
                 })
                 .collect();
             self.tell(i, members);
@@ -390,9 +395,26 @@ impl Sim {
         }
     }
 
+    /// Stops node `i` as a graceful shutdown does: it admits nothing more, its next round
+    /// publishes its last counts, then it leaves (its peers hear so through membership).
+    pub fn leave(&mut self, i: usize) {
+        if let Some(g) = &self.nodes[i] {
+            let seen = g.instants();
+            for _ in 0..300 {
+                self.advance(MS);
+                if self.nodes[i].as_ref().is_none_or(|g| g.instants() > seen) {
+                    break;
+                }
+            }
+        }
+        self.crash(i);
+        self.left[i] = true;
+    }
+
     /// Starts node `i` again as a new generation; peers learn of it through membership.
     fn restart_quietly(&mut self, i: usize) {
         self.generations[i] += 1;
+        self.left[i] = false;
         self.nodes[i] = Some(self.make(i));
         self.told[i].clear();
         self.announce(i);

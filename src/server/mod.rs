@@ -147,14 +147,14 @@ impl Node {
         app.ready.store(false, Ordering::Relaxed);
         drop(listener);
         sweeper.abort();
-        if let Some(cluster) = app.cluster.get() {
-            // Leave first, so peers stop waiting for this node's frames at once.
-            cluster.shutdown().await;
-        }
         info!(grace = ?server.shutdown_grace, "shutting down: draining in-flight requests");
         match tokio::time::timeout(server.shutdown_grace, graceful.shutdown()).await {
             Ok(()) => info!("all connections closed"),
             Err(_) => warn!("grace period over; closing remaining connections"),
+        }
+        if let Some(cluster) = app.cluster.get() {
+            // Only now, when nothing more is admitted: publish the last round, then leave.
+            cluster.shutdown().await;
         }
         Ok(())
     }

@@ -135,6 +135,7 @@ fn split_lets_each_side_use_the_whole_limit_once_the_other_is_dead() {
             .map(|j| MemberInfo {
                 actor: Actor::new(sim.names[j].clone(), 1),
                 alive: !others.contains(&j),
+                left: false,
             })
             .collect();
         let out = sim.nodes[i]
@@ -272,6 +273,7 @@ fn hostile_messages_are_refused() {
         &[MemberInfo {
             actor: Actor::new("b", 5),
             alive: true,
+            left: false,
         }],
         now,
     );
@@ -526,4 +528,36 @@ fn a_node_killed_mid_round_and_restarted_within_the_window_never_pushes_it_over(
         }
     }
     assert!(worst >= 250, "the load should fill the windows: {worst}");
+}
+
+#[test]
+fn a_graceful_leave_releases_its_share_and_loses_no_count() {
+    let mut sim = Sim::new(3, rules_fixed(), Params::default(), 23);
+    sim.advance(300 * MS);
+    sim.load("api", "k", &[67, 67, 67], 2 * SECOND);
+    let left_in = sim.now / SECOND;
+    sim.leave(2);
+    // Every admission of the window it left in is counted by the others (its last round
+    // published; the retirement may count a little more).
+    let truth = sim.per_window()[&left_in];
+    for i in 0..2 {
+        let known = sim.nodes[i]
+            .as_ref()
+            .unwrap()
+            .known_total("api", 0, "k", left_in);
+        assert!(
+            known >= truth && known <= 100,
+            "node {i}: {known} of {truth}"
+        );
+    }
+    sim.advance(SECOND);
+    let w = sim.now / SECOND;
+    sim.load("api", "k", &[100, 100, 0], 4 * SECOND);
+    let windows = sim.per_window();
+    assert!(windows.values().all(|&n| n <= 100), "{windows:?}");
+    // With the leaver's share released, the two left fill whole windows (hold would keep a
+    // third of each for the departed node).
+    let full: Vec<u64> = windows.range(w + 1..w + 4).map(|(_, &n)| n).collect();
+    assert!(full.iter().all(|&n| n >= 95), "{full:?}");
+    assert!(sim.nodes[0].as_ref().unwrap().suspected().is_empty());
 }

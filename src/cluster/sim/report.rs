@@ -6,9 +6,7 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
-use super::{
-    DETECT, Fault, LIMIT, MS, Outcome, ScalePoint, Setup, Summary, explore, run, scale,
-};
+use super::{DETECT, Fault, LIMIT, MS, Outcome, ScalePoint, Setup, Summary, explore, run, scale};
 use crate::cluster::global::OnPartition;
 use crate::limiter::{Nanos, SECOND};
 
