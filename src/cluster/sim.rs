@@ -763,17 +763,17 @@ pub fn run(setup: &Setup) -> Outcome {
         }
         // A suspicion starts a `hold` episode whose sides may disagree on n₀: the rounds
         // before it (degraded on one side, maybe not on the other) are asymmetric.
-        for i in 0..n {
+        for (i, before) in suspected.iter_mut().enumerate() {
             let now_suspected: HashSet<String> = if sim.running(i) {
                 sim.node(i).suspected().into_iter().collect()
             } else {
                 HashSet::new()
             };
-            if now_suspected.difference(&suspected[i]).next().is_some() {
+            if now_suspected.difference(before).next().is_some() {
                 let lead = u64::from(params.suspect_after + 1) * params.round;
                 splits.push(sim.now.saturating_sub(lead));
             }
-            suspected[i] = now_suspected;
+            *before = now_suspected;
         }
         check_counts(&sim, &retired, &mut outcome.violations);
         if outcome.violations.len() > 20 {
