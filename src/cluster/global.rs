@@ -1014,14 +1014,20 @@ impl Global {
                 Ok(Vec::new())
             }
             Message::Digest { digest, .. } => {
+                // In parts that decode within the frame limit (a pull of 10,000 keys did not).
                 let entries = st.counters.repair_for(&digest);
-                Ok(vec![Output::To(
-                    peer.to_owned(),
-                    Message::Repair {
-                        from: self.me.clone(),
-                        entries,
-                    },
-                )])
+                Ok(split_by(entries, PART_BYTES, delta_bytes)
+                    .into_iter()
+                    .map(|entries| {
+                        Output::To(
+                            peer.to_owned(),
+                            Message::Repair {
+                                from: self.me.clone(),
+                                entries,
+                            },
+                        )
+                    })
+                    .collect())
             }
             Message::Repair { entries, .. } => {
                 let entries = entries
@@ -1242,7 +1248,7 @@ impl Global {
             st.my_views.pop_first();
         }
         st.boundary = Some(n);
-        let chunks = split_reports(keys, PART_BYTES);
+        let chunks = split_by(keys, PART_BYTES, report_bytes);
         let parts = chunks.len() as u32;
         let since = (!full).then(|| n.saturating_sub(REPEAT - 1));
         let mut out: Vec<Output> = chunks
@@ -2066,29 +2072,44 @@ fn decide_bucket(l: &GLimit, b: &BState, cost: u64, max_wait: Nanos, now: Nanos)
     d
 }
 
-/// Splits a round's reports into parts of at most about `limit` encoded bytes (at least one
-/// part, possibly empty: the frame is also the round's heartbeat).
-fn split_reports(keys: Vec<KeyReport>, limit: usize) -> Vec<Vec<KeyReport>> {
-    // An upper bound on a report's encoded size (every integer at its longest varint).
-    let size = |r: &KeyReport| {
-        30 + r.rule.len()
-            + r.key.len()
-            + r.limits
-                .iter()
-                .map(|l| 20 + 20 * l.counts.len())
-                .sum::<usize>()
-    };
+/// What a report costs a receiver against the frame limit: decoding claims each element at
+/// its size in memory (bincode's limit counts `size_of` per element, more than most elements
+/// encode to), and the encoding is at most 20 bytes per integer pair.
+fn report_bytes(r: &KeyReport) -> usize {
+    std::mem::size_of::<KeyReport>()
+        + r.rule.len()
+        + r.key.len()
+        + r.limits
+            .iter()
+            .map(|l| std::mem::size_of::<LimitReport>() + 20 * l.counts.len())
+            .sum::<usize>()
+}
+
+/// What a repair entry costs a receiver against the frame limit (as [`report_bytes`]).
+fn delta_bytes((slot, dots): &crate::counter::Delta) -> usize {
+    std::mem::size_of::<crate::counter::Delta>()
+        + slot.rule.len()
+        + slot.key.len()
+        + dots
+            .iter()
+            .map(|d| std::mem::size_of::<Dot<Actor>>() + d.actor.node.len())
+            .sum::<usize>()
+}
+
+/// Splits `items` into runs of at most `limit` bytes by `size` (an item larger than the
+/// limit gets a run of its own). Always at least one run.
+fn split_by<T>(items: Vec<T>, limit: usize, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
     let mut parts = vec![Vec::new()];
     let mut bytes = 0;
-    for report in keys {
-        let s = size(&report);
+    for item in items {
+        let s = size(&item);
         if bytes + s > limit && parts.last().is_some_and(|p| !p.is_empty()) {
             parts.push(Vec::new());
             bytes = 0;
         }
         bytes += s;
         if let Some(last) = parts.last_mut() {
-            last.push(report);
+            last.push(item);
         }
     }
     parts

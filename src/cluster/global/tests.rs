@@ -561,3 +561,29 @@ fn a_graceful_leave_releases_its_share_and_loses_no_count() {
     assert!(full.iter().all(|&n| n >= 95), "{full:?}");
     assert!(sim.nodes[0].as_ref().unwrap().suspected().is_empty());
 }
+
+#[test]
+fn a_restarted_node_pulls_twenty_thousand_keys_in_parts() {
+    // Short keys are the worst case: decoding claims each entry at its size in memory, far
+    // more than its few encoded bytes (one repair of these did not decode before parts).
+    let mut sim = Sim::new(3, rules_fixed(), Params::default(), 31);
+    sim.advance(350 * MS);
+    let w = sim.now / SECOND;
+    for i in 0..20_000 {
+        assert!(sim.check(i % 2, "api", &format!("k{i}"), 1).allowed());
+    }
+    sim.advance(300 * MS);
+    sim.crash(2);
+    sim.advance(50 * MS);
+    sim.restart(2);
+    sim.advance(200 * MS);
+    assert_eq!(sim.now / SECOND, w, "still in the window");
+    let g = sim.nodes[2].as_ref().unwrap();
+    assert!(g.pulled());
+    for k in [0, 7, 19_999] {
+        // The admission, plus at most the gap credit (1) of node 2's retired incarnation.
+        let known = g.known_total("api", 0, &format!("k{k}"), w);
+        assert!((1..=2).contains(&known), "key {k}: {known}");
+    }
+    assert_eq!(sim.rejects, 0);
+}
