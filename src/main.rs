@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use gossamer::client::Client;
 use gossamer::clock::SystemClock;
 use gossamer::config::{Config, Overrides};
-use gossamer::server::Node;
+use gossamer::server::{ConfigSource, Node};
 
 /// Exit code for a denied check.
 const EXIT_DENIED: u8 = 1;
@@ -58,7 +58,8 @@ struct CertsArgs {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    /// The config file (TOML). Without one, built-in example rules are served.
+    /// The config file (TOML). Without one, built-in example rules are served. Its rules are
+    /// reloaded on SIGHUP and when the file changes.
     #[arg(long, env = "GOSSAMER_CONFIG")]
     config: Option<PathBuf>,
     /// Where the HTTP API listens [default: 127.0.0.1:7070].
@@ -160,6 +161,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         seeds: args.seeds,
         cluster_id: args.cluster_id,
     };
+    let source = args.config.clone().map(|path| ConfigSource {
+        path,
+        overrides: overrides.clone(),
+    });
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(config) => config,
         Err(e) => {
@@ -182,9 +187,12 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let result: anyhow::Result<()> = runtime.block_on(async {
         let http = config.server.http;
-        let node = Node::bind(config, Arc::new(SystemClock))
+        let mut node = Node::bind(config, Arc::new(SystemClock))
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {http}: {e}"))?;
+        if let Some(source) = source {
+            node = node.reload_from(source);
+        }
         node.run(shutdown_signal()).await?;
         Ok(())
     });
