@@ -50,11 +50,15 @@ fn free_port() -> u16 {
 struct Node {
     child: Child,
     port: u16,
+    /// Where its stderr (the log) goes.
+    log: PathBuf,
 }
 
 impl Node {
     fn start(config: &Path, extra: &[&str]) -> Node {
         let port = free_port();
+        let log = config.with_extension("log");
+        let stderr = std::fs::File::create(&log).expect("log file");
         let mut command = Command::new(BIN);
         for (var, _) in std::env::vars() {
             if var.starts_with("GOSSAMER_") || var == "RUST_LOG" {
@@ -68,10 +72,10 @@ impl Node {
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("serve starts");
-        let mut node = Node { child, port };
+        let mut node = Node { child, port, log };
         node.until("the node is ready", |n| {
             n.request("GET", "/readyz", "")
                 .is_some_and(|(s, _)| s == 200)
@@ -115,6 +119,10 @@ impl Node {
             self.metric("gossamer_config_reloads_total{result=\"ok\"}"),
             self.metric("gossamer_config_reloads_total{result=\"error\"}"),
         )
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn hangup(&self) {
@@ -212,12 +220,15 @@ fn sighup_reloads_rules_keeping_unchanged_counts_and_refuses_an_invalid_file() {
     let errors_before = node.reloads().1;
     write_config(&path, &rules(5, true).replace("limit = 2", "limit = 0"));
     node.hangup();
-    node.until("the refused reload is counted", |n| {
-        n.reloads().1 > errors_before
+    // Counted, and logged naming the file, the rule and the field.
+    let place = format!("{}: rule \"kept\", field \"limit\"", path.display());
+    node.until("the refused reload is counted and logged", |n| {
+        n.reloads().1 > errors_before && n.log().contains(&place)
     });
     let (status, body) = node.check("changed", 1);
     assert_eq!(status, 429, "still the old rules: {body}");
     assert_eq!(body["limit"], 5);
+    assert!(node.log().contains("config reload refused"));
 
     // SIGHUP alone: the file made valid again and picked up by the poller first, so that
     // only the signal can reload it once more.
@@ -306,7 +317,11 @@ scope = "local"
 
     write_config(&path, &config(20, 1));
     node.hangup();
-    node.until("the refused reload is counted", |n| n.reloads().1 >= 1.0);
+    node.until("the refused reload is counted and logged", |n| {
+        n.reloads().1 >= 1.0
+            && n.log()
+                .contains("changing global rules in a cluster needs a (rolling) restart: \"g\"")
+    });
     let (_, body) = node.check("g", 1);
     assert_eq!(body["limit"], 2, "the global rule is unchanged: {body}");
 

@@ -107,8 +107,8 @@ pub fn reload(app: &App, source: &ConfigSource, running: &Config, trigger: &str)
     let config = match Config::load(Some(&source.path), &source.overrides) {
         Ok(config) => config,
         Err(e) => {
-            app.reload_failed();
             error!(%trigger, "config reload refused, the running rules stay in force: {e}");
+            app.reload_failed();
             return;
         }
     };
