@@ -71,7 +71,7 @@ pub enum DemoError {
 /// What the demo measured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DemoReport {
-    /// Per node (in [`NODES`] order): checks admitted and denied.
+    /// Per node (in [`NODES`] order): checks admitted.
     pub admitted: [u64; 3],
     /// Per node: checks denied.
     pub denied: [u64; 3],
