@@ -9,6 +9,11 @@
 //! ([`Engine::clustered`]), a `scope = "global"` rule's keys live in [`Global`] instead, whose
 //! check takes the same arguments and reads only the key's lease or share (still one shard
 //! lock, no network; see docs/design.md).
+//!
+//! Reload: [`Engine::reload`] builds the engine for a new rule list from a running one,
+//! sharing the state of every rule whose definition did not change (the caller swaps it in,
+//! see `server::reload`). A redefined rule starts with fresh counts; in a cluster, the global
+//! rules cannot change without a restart.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -65,8 +70,9 @@ pub struct RuleState {
     /// The rule as configured.
     pub rule: Rule,
     store: Store<KeyState>,
-    /// Checks by [`Outcome`], indexed as [`Outcome::ALL`].
-    outcomes: Striped<4>,
+    /// Checks by [`Outcome`], indexed as [`Outcome::ALL`]. Shared with the rule's next
+    /// definition after a reload, so its metrics stay monotonic.
+    outcomes: Arc<Striped<4>>,
     /// In a cluster, a global rule's keys live in [`Global`] under this index.
     global: Option<(Arc<Global>, usize)>,
 }
@@ -113,15 +119,57 @@ pub struct UnknownRule(pub String);
 #[derive(Debug)]
 pub struct Engine {
     clock: Arc<dyn Clock>,
-    rules: HashMap<Box<str>, RuleState, foldhash::fast::RandomState>,
+    /// Each rule's state behind an `Arc`, so a reloaded engine can share an unchanged rule's
+    /// keys with the engine that in-flight checks still use.
+    rules: HashMap<Box<str>, Arc<RuleState>, foldhash::fast::RandomState>,
     /// Rule names in config order, for stable metrics output.
     order: Vec<Box<str>>,
+    /// The key budget every rule's store draws on (carried into a reloaded engine).
+    keys: Arc<AtomicUsize>,
+    max_keys: usize,
+    /// In a cluster, the [`Global`] counting the global rules (built once, for the process).
+    global: Option<Arc<Global>>,
+    /// Evictions counted by rules that earlier reloads removed or redefined, so the total
+    /// stays monotonic.
+    evicted_before: u64,
+}
+
+/// What a reload did to each rule, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RuleChanges {
+    /// Same definition: the rule keeps its keys and counts.
+    pub kept: Vec<String>,
+    /// Redefined (algorithm, limits, scope or `max_wait`): starts with fresh counts.
+    pub changed: Vec<String>,
+    /// New rules.
+    pub added: Vec<String>,
+    /// Rules no longer configured: their keys are dropped.
+    pub removed: Vec<String>,
+}
+
+/// A reload that cannot be applied; the running rules stay in force.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReloadError {
+    /// On a clustered node the global rules are counted by a [`Global`] built at start, and
+    /// every node must agree on them: changing them needs a (rolling) restart.
+    #[error(
+        "changing global rules in a cluster needs a (rolling) restart: {} (the running rules stay in force)",
+        .0.join(", ")
+    )]
+    GlobalRulesChanged(Vec<String>),
 }
 
 impl Engine {
     /// An engine serving `rules`, holding at most `max_keys` keys across them all.
     pub fn new(rules: Vec<Rule>, max_keys: usize, clock: Arc<dyn Clock>) -> Engine {
-        Engine::build(rules, max_keys, clock, Arc::new(AtomicUsize::new(0)), None)
+        Engine::build(
+            rules,
+            max_keys,
+            clock,
+            Arc::new(AtomicUsize::new(0)),
+            None,
+            &HashMap::default(),
+        )
     }
 
     /// An engine whose global rules are counted across the cluster by a [`Global`] acting as
@@ -146,39 +194,128 @@ impl Engine {
             keys.clone(),
             max_keys,
         )?);
-        let engine = Engine::build(rules, max_keys, clock, keys, Some(global.clone()));
+        let engine = Engine::build(
+            rules,
+            max_keys,
+            clock,
+            keys,
+            Some(global.clone()),
+            &HashMap::default(),
+        );
         Ok((engine, global))
     }
 
+    /// Builds the rules, taking each rule's state from `previous` when it holds one of the
+    /// same definition, and its outcome counters when it holds one of the same name.
     fn build(
         rules: Vec<Rule>,
         max_keys: usize,
         clock: Arc<dyn Clock>,
         keys: Arc<AtomicUsize>,
         global: Option<Arc<Global>>,
+        previous: &HashMap<Box<str>, Arc<RuleState>, foldhash::fast::RandomState>,
     ) -> Engine {
         let order = rules.iter().map(|r| r.name.as_str().into()).collect();
         let rules = rules
             .into_iter()
             .map(|rule| {
+                let old = previous.get(rule.name.as_str());
+                if let Some(old) = old.filter(|old| old.rule == rule) {
+                    return (rule.name.as_str().into(), old.clone());
+                }
                 let global = global
                     .as_ref()
                     .filter(|_| rule.scope == Scope::Global)
                     .and_then(|g| Some((g.clone(), g.rule_index(&rule.name)?)));
                 let state = RuleState {
                     store: Store::new(keys.clone(), max_keys),
+                    outcomes: old.map(|o| o.outcomes.clone()).unwrap_or_default(),
                     rule,
-                    outcomes: Default::default(),
                     global,
                 };
-                (state.rule.name.as_str().into(), state)
+                (state.rule.name.as_str().into(), Arc::new(state))
             })
             .collect();
         Engine {
             clock,
             rules,
             order,
+            keys,
+            max_keys,
+            global,
+            evicted_before: 0,
         }
+    }
+
+    /// The engine for `rules`, built from this one: a rule whose definition is unchanged
+    /// shares this engine's state for it (its keys and counts carry over, and checks still
+    /// running on this engine count in the same place); a redefined rule and a new rule start
+    /// fresh; a removed rule's keys go once the last in-flight check on this engine is done.
+    ///
+    /// On a clustered engine, global rules are fixed for the process: a reload that would add,
+    /// remove or redefine one (including a change of scope) is refused as a whole. Pure: this
+    /// engine is not changed.
+    pub fn reload(&self, rules: Vec<Rule>) -> Result<(Engine, RuleChanges), ReloadError> {
+        if self.global.is_some() {
+            let globals = |rules: &mut dyn Iterator<Item = &Rule>| {
+                let mut list: Vec<&Rule> = rules.filter(|r| r.scope == Scope::Global).collect();
+                list.sort_by(|a, b| a.name.cmp(&b.name));
+                list.into_iter().cloned().collect::<Vec<_>>()
+            };
+            let before = globals(&mut self.rules.values().map(|r| &r.rule));
+            let after = globals(&mut rules.iter());
+            if before != after {
+                let mut names: Vec<String> = before
+                    .iter()
+                    .chain(&after)
+                    .filter(|r| !(before.contains(r) && after.contains(r)))
+                    .map(|r| format!("\"{}\"", r.name))
+                    .collect();
+                names.dedup();
+                return Err(ReloadError::GlobalRulesChanged(names));
+            }
+        }
+        let mut changes = RuleChanges::default();
+        for rule in &rules {
+            let name = rule.name.clone();
+            match self.rules.get(rule.name.as_str()) {
+                Some(old) if old.rule == *rule => changes.kept.push(name),
+                Some(_) => changes.changed.push(name),
+                None => changes.added.push(name),
+            }
+        }
+        changes.removed = self
+            .order
+            .iter()
+            .filter(|name| !rules.iter().any(|r| *r.name == ***name))
+            .map(|name| name.to_string())
+            .collect();
+        let mut engine = Engine::build(
+            rules,
+            self.max_keys,
+            self.clock.clone(),
+            self.keys.clone(),
+            self.global.clone(),
+            &self.rules,
+        );
+        let dropped: u64 = self
+            .rules
+            .iter()
+            .filter(|(name, old)| {
+                !engine
+                    .rules
+                    .get(*name)
+                    .is_some_and(|new| Arc::ptr_eq(old, new))
+            })
+            .map(|(_, old)| old.store.evictions())
+            .sum();
+        engine.evicted_before = self.evicted_before + dropped;
+        Ok((engine, changes))
+    }
+
+    /// Keys held now across every rule (the budget `max_keys` bounds).
+    pub fn keys(&self) -> usize {
+        self.keys.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The clock decisions are made on.
@@ -186,16 +323,24 @@ impl Engine {
         &*self.clock
     }
 
+    /// The clock decisions are made on, shared.
+    pub fn shared_clock(&self) -> Arc<dyn Clock> {
+        self.clock.clone()
+    }
+
     /// The named rule.
     pub fn rule(&self, name: &str) -> Result<&RuleState, UnknownRule> {
         self.rules
             .get(name)
+            .map(|r| &**r)
             .ok_or_else(|| UnknownRule(name.to_owned()))
     }
 
     /// Every rule, in config order.
     pub fn rules(&self) -> impl Iterator<Item = &RuleState> {
-        self.order.iter().filter_map(|name| self.rules.get(name))
+        self.order
+            .iter()
+            .filter_map(|name| self.rules.get(name).map(|r| &**r))
     }
 
     /// May `key` spend `cost` under `rule` now? Charges the key if admitted. `max_wait` is how
@@ -236,12 +381,8 @@ impl Engine {
     }
 
     /// Instants the cluster has processed (0 without a cluster): see [`Engine::lease_pause`].
-    pub fn instants(&self, checked: &Checked<'_>) -> u64 {
-        checked
-            .rule
-            .global
-            .as_ref()
-            .map_or(0, |(global, _)| global.instants())
+    pub fn instants(&self) -> u64 {
+        self.global.as_ref().map_or(0, |global| global.instants())
     }
 
     /// [`Engine::check`] without counting the outcome.
@@ -336,7 +477,12 @@ impl Engine {
 
     /// Keys evicted so far, across rules.
     pub fn evictions(&self) -> u64 {
-        self.rules.values().map(|r| r.store.evictions()).sum()
+        self.evicted_before
+            + self
+                .rules
+                .values()
+                .map(|r| r.store.evictions())
+                .sum::<u64>()
     }
 }
 
@@ -477,6 +623,150 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).sum()
         });
         assert_eq!(admitted, 1_000);
+    }
+
+    fn counts(e: &Engine, rule: &str) -> (u64, u64) {
+        let r = e.rule(rule).unwrap();
+        (
+            r.outcome_count(Outcome::Allowed),
+            r.outcome_count(Outcome::Denied),
+        )
+    }
+
+    #[test]
+    fn reload_keeps_unchanged_rules_counts_and_restarts_changed_ones() {
+        let (clock, e) = engine(
+            vec![
+                rule("same", Algorithm::FixedWindow, 2, None),
+                rule("grows", Algorithm::FixedWindow, 2, None),
+                rule("gone", Algorithm::FixedWindow, 2, None),
+            ],
+            100,
+        );
+        for r in ["same", "grows", "gone"] {
+            assert!(e.check(r, "k", 2, 0).unwrap().decision.allowed());
+            assert!(!e.check(r, "k", 1, 0).unwrap().decision.allowed());
+        }
+        assert_eq!(e.keys(), 3);
+
+        let (next, changes) = e
+            .reload(vec![
+                rule("added", Algorithm::TokenBucket, 1, None),
+                rule("grows", Algorithm::FixedWindow, 5, None),
+                rule("same", Algorithm::FixedWindow, 2, None),
+            ])
+            .unwrap();
+        assert_eq!(
+            changes,
+            RuleChanges {
+                kept: vec!["same".into()],
+                changed: vec!["grows".into()],
+                added: vec!["added".into()],
+                removed: vec!["gone".into()],
+            }
+        );
+        // Unchanged: the spent window carries over, and so do its metrics.
+        assert!(!next.check("same", "k", 1, 0).unwrap().decision.allowed());
+        assert_eq!(counts(&next, "same"), (1, 2));
+        // Redefined: fresh counts under the new limit; outcome counters continue.
+        let grows = next.check("grows", "k", 5, 0).unwrap();
+        assert!(grows.decision.allowed());
+        assert_eq!(grows.decision.limit, 5);
+        assert_eq!(counts(&next, "grows"), (2, 1));
+        assert!(next.check("added", "k", 1, 0).unwrap().decision.allowed());
+        assert_eq!(
+            next.check("gone", "k", 1, 0).unwrap_err(),
+            UnknownRule("gone".into())
+        );
+        // Config order is the new file's.
+        let names: Vec<_> = next.rules().map(|r| r.rule.name.clone()).collect();
+        assert_eq!(names, ["added", "grows", "same"]);
+        // The old engine (what in-flight checks hold) still serves, sharing the kept rule.
+        assert!(!e.check("same", "k", 1, 0).unwrap().decision.allowed());
+        assert_eq!(counts(&next, "same"), (1, 3));
+        // Once the old engine is gone, the removed and redefined rules' keys leave the budget:
+        // same/k, grows/k (new) and added/k remain.
+        drop(e);
+        assert_eq!(next.keys(), 3);
+        clock.advance(SECOND);
+        assert!(next.check("same", "k", 2, 0).unwrap().decision.allowed());
+    }
+
+    #[test]
+    fn reload_of_identical_rules_keeps_everything() {
+        let rules = vec![rule("a", Algorithm::TokenBucket, 3, None)];
+        let (_, e) = engine(rules.clone(), 10);
+        e.check("a", "k", 3, 0).unwrap();
+        let (next, changes) = e.reload(rules).unwrap();
+        assert_eq!(changes.kept, ["a"]);
+        assert!(changes.changed.is_empty() && changes.added.is_empty());
+        assert!(!next.check("a", "k", 1, 0).unwrap().decision.allowed());
+    }
+
+    #[test]
+    fn reload_changing_max_wait_is_a_redefinition() {
+        let mut shaped = rule("s", Algorithm::LeakyBucket, 10, Some(1));
+        let (_, e) = engine(vec![shaped.clone()], 10);
+        shaped.max_wait = 100 * MILLISECOND;
+        let (_, changes) = e.reload(vec![shaped]).unwrap();
+        assert_eq!(changes.changed, ["s"]);
+    }
+
+    fn clustered(rules: Vec<Rule>) -> Engine {
+        let clock = Arc::new(ManualClock::new(T0));
+        let me = Actor::new("a".to_owned(), 1);
+        let (e, _) = Engine::clustered(rules, 100, clock, me, Params::default()).unwrap();
+        e
+    }
+
+    fn global(name: &str, limit: u64) -> Rule {
+        Rule {
+            scope: Scope::Global,
+            ..rule(name, Algorithm::TokenBucket, limit, None)
+        }
+    }
+
+    #[test]
+    fn clustered_reload_refuses_any_change_to_global_rules() {
+        let e = clustered(vec![
+            global("g", 10),
+            rule("l", Algorithm::TokenBucket, 1, None),
+        ]);
+        let refused = [
+            vec![global("g", 20), rule("l", Algorithm::TokenBucket, 1, None)],
+            vec![global("g", 10), global("h", 1)],
+            vec![rule("l", Algorithm::TokenBucket, 1, None)],
+            vec![rule("g", Algorithm::TokenBucket, 10, None)],
+        ];
+        for rules in refused {
+            let err = e.reload(rules.clone()).unwrap_err();
+            assert!(
+                err.to_string()
+                    .starts_with("changing global rules in a cluster needs a (rolling) restart"),
+                "{err}"
+            );
+        }
+        let ReloadError::GlobalRulesChanged(names) = e.reload(vec![global("g", 20)]).unwrap_err();
+        assert_eq!(names, ["\"g\""]);
+        // Local rules reload; unchanged global rules stay with the same Global.
+        let (next, changes) = e
+            .reload(vec![
+                global("g", 10),
+                rule("l", Algorithm::TokenBucket, 5, None),
+            ])
+            .unwrap();
+        assert_eq!(changes.changed, ["l"]);
+        assert!(next.rule("g").unwrap().is_clustered());
+        assert!(!next.rule("l").unwrap().is_clustered());
+    }
+
+    #[test]
+    fn single_node_reload_redefines_global_rules_like_local_ones() {
+        let (_, e) = engine(vec![global("g", 1)], 10);
+        e.check("g", "k", 1, 0).unwrap();
+        let (next, changes) = e.reload(vec![global("g", 2)]).unwrap();
+        assert_eq!(changes.changed, ["g"]);
+        assert!(next.check("g", "k", 2, 0).unwrap().decision.allowed());
     }
 
     #[test]

@@ -17,6 +17,7 @@
 //! - [`metrics`]: Prometheus counters and the check-latency histogram.
 //! - [`server`]: binds, serves with bounded connections and timeouts, drains on shutdown.
 //! - [`client`]: a small HTTP client for `gossamer check` and the tests.
+//! - [`demo`]: `gossamer demo`, a 3-node cluster on loopback under a skewed load.
 //!
 //! Dependencies point one way: `server -> api -> engine -> {limiter, store, clock}`.
 
@@ -29,6 +30,7 @@ pub mod clock;
 pub mod cluster;
 pub mod config;
 pub mod counter;
+pub mod demo;
 pub mod engine;
 pub mod limiter;
 pub mod metrics;

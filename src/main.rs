@@ -9,7 +9,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use gossamer::client::Client;
 use gossamer::clock::SystemClock;
 use gossamer::config::{Config, Overrides};
-use gossamer::server::Node;
+use gossamer::server::{ConfigSource, Node};
 
 /// Exit code for a denied check.
 const EXIT_DENIED: u8 = 1;
@@ -38,6 +38,8 @@ enum Command {
     Certs(CertsArgs),
     /// Run the cluster simulation: replay a seed, explore many, or write the chaos report.
     Sim(SimArgs),
+    /// Run a 3-node cluster on loopback under a skewed load and show the global limit hold.
+    Demo(DemoArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -75,6 +77,24 @@ fn seed_range(s: &str) -> Result<std::ops::Range<u64>, String> {
 }
 
 #[derive(Debug, clap::Args)]
+struct DemoArgs {
+    /// How long to drive the load (whole seconds).
+    #[arg(long, default_value = "8s", value_parser = demo_duration)]
+    duration: std::time::Duration,
+    /// The global limit, per second.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    limit: u64,
+}
+
+fn demo_duration(s: &str) -> Result<std::time::Duration, String> {
+    let nanos = gossamer::config::parse_duration(s)?;
+    if !(1..=3_600).contains(&(nanos / 1_000_000_000)) {
+        return Err("must be 1s to 1h".into());
+    }
+    Ok(std::time::Duration::from_nanos(nanos))
+}
+
+#[derive(Debug, clap::Args)]
 struct CertsArgs {
     /// The directory to write into (created if missing).
     #[arg(long)]
@@ -94,7 +114,8 @@ struct CertsArgs {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
-    /// The config file (TOML). Without one, built-in example rules are served.
+    /// The config file (TOML). Without one, built-in example rules are served. Its rules are
+    /// reloaded on SIGHUP and when the file changes.
     #[arg(long, env = "GOSSAMER_CONFIG")]
     config: Option<PathBuf>,
     /// Where the HTTP API listens [default: 127.0.0.1:7070].
@@ -165,6 +186,7 @@ fn main() -> ExitCode {
         } => config_check(&file),
         Command::Certs(args) => certs(&args),
         Command::Sim(args) => sim(&args),
+        Command::Demo(args) => demo(&args),
     }
 }
 
@@ -213,6 +235,38 @@ fn sim(args: &SimArgs) -> ExitCode {
     }
 }
 
+fn demo(args: &DemoArgs) -> ExitCode {
+    // The nodes' own logs would drown the view: errors only, unless RUST_LOG says otherwise.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("gossamer: cannot start the runtime: {e}");
+            return ExitCode::from(EXIT_ERROR);
+        }
+    };
+    let options = gossamer::demo::DemoOptions {
+        duration: args.duration,
+        limit: args.limit,
+    };
+    let mut out = std::io::stdout();
+    match runtime.block_on(gossamer::demo::run(options, &mut out)) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("gossamer: demo: {e}");
+            ExitCode::from(EXIT_ERROR)
+        }
+    }
+}
+
 fn certs(args: &CertsArgs) -> ExitCode {
     match gossamer::cluster::tls::write_certs(&args.out, &args.nodes, args.force) {
         Ok(written) => {
@@ -242,6 +296,10 @@ fn serve(args: ServeArgs) -> ExitCode {
         seeds: args.seeds,
         cluster_id: args.cluster_id,
     };
+    let source = args.config.clone().map(|path| ConfigSource {
+        path,
+        overrides: overrides.clone(),
+    });
     let config = match Config::load(args.config.as_deref(), &overrides) {
         Ok(config) => config,
         Err(e) => {
@@ -264,9 +322,12 @@ fn serve(args: ServeArgs) -> ExitCode {
     };
     let result: anyhow::Result<()> = runtime.block_on(async {
         let http = config.server.http;
-        let node = Node::bind(config, Arc::new(SystemClock))
+        let mut node = Node::bind(config, Arc::new(SystemClock))
             .await
             .map_err(|e| anyhow::anyhow!("cannot listen on {http}: {e}"))?;
+        if let Some(source) = source {
+            node = node.reload_from(source);
+        }
         node.run(shutdown_signal()).await?;
         Ok(())
     });

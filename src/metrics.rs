@@ -126,8 +126,20 @@ pub struct HttpMetrics {
     pub errors: Striped<{ crate::api::ErrorCode::ALL.len() }>,
 }
 
+/// Config reloads (SIGHUP or a changed file), by result.
+#[derive(Debug, Default)]
+pub struct ReloadMetrics {
+    /// Reloads applied.
+    pub ok: AtomicU64,
+    /// Reloads refused (unreadable or invalid file, or global rules changed in a cluster).
+    pub error: AtomicU64,
+    /// When the config was last loaded successfully (at start or by a reload), in Unix
+    /// seconds; 0 before that.
+    pub last_success: AtomicU64,
+}
+
 /// Renders every metric in the Prometheus text format.
-pub fn render(engine: &Engine, http: &HttpMetrics) -> String {
+pub fn render(engine: &Engine, http: &HttpMetrics, reloads: &ReloadMetrics) -> String {
     let mut out = String::with_capacity(4096);
     out.push_str("# HELP gossamer_checks_total Checks answered, by rule and outcome.\n");
     out.push_str("# TYPE gossamer_checks_total counter\n");
@@ -173,6 +185,26 @@ pub fn render(engine: &Engine, http: &HttpMetrics) -> String {
             http.errors.get(i)
         );
     }
+    out.push_str(
+        "# HELP gossamer_config_reloads_total Config reloads (SIGHUP or a changed file), by result.\n",
+    );
+    out.push_str("# TYPE gossamer_config_reloads_total counter\n");
+    for (result, n) in [("ok", &reloads.ok), ("error", &reloads.error)] {
+        let _ = writeln!(
+            out,
+            "gossamer_config_reloads_total{{result=\"{result}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+    out.push_str(
+        "# HELP gossamer_config_last_reload_success_timestamp_seconds When the rules in force were loaded.\n",
+    );
+    out.push_str("# TYPE gossamer_config_last_reload_success_timestamp_seconds gauge\n");
+    let _ = writeln!(
+        out,
+        "gossamer_config_last_reload_success_timestamp_seconds {}",
+        reloads.last_success.load(Ordering::Relaxed)
+    );
     out
 }
 

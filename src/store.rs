@@ -70,6 +70,25 @@ struct Entry<V> {
     touched: bool,
 }
 
+/// A dropped store (a rule removed or redefined by a reload) gives its keys back to the budget
+/// it shares with the other stores.
+impl<V> Drop for Store<V> {
+    fn drop(&mut self) {
+        let held: usize = self
+            .shards
+            .iter_mut()
+            .map(|s| {
+                s.inner
+                    .get_mut()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .table
+                    .len()
+            })
+            .sum();
+        self.keys.fetch_sub(held, Ordering::Relaxed);
+    }
+}
+
 impl<V> Store<V> {
     /// An empty store that counts its keys in `keys` and refuses new keys once `keys` reaches
     /// `max_keys`.

@@ -3,6 +3,11 @@
 //! Every refused request goes through [`App::refuse`], which counts it and renders
 //! [`ApiError`] as `{"error","message"}` with a 4xx status. Validation happens before the
 //! engine is called, so a bad request never changes a counter.
+//!
+//! The engine and the headers derived from its rules are one [`Served`] value behind an
+//! `ArcSwap`: a request loads it once (no lock, no shared reference count) and a reload
+//! ([`App::reload`]) swaps in the next one whole, so a request never sees new rules with old
+//! headers.
 
 mod body;
 mod error;
@@ -32,9 +37,13 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use tower::ServiceExt;
 
-use crate::engine::{Checked, Engine, Outcome};
+use arc_swap::ArcSwap;
+
+use crate::clock::Clock;
+use crate::config::Rule;
+use crate::engine::{Checked, Engine, Outcome, ReloadError, RuleChanges};
 use crate::limiter::{Decision, MILLISECOND, Nanos, SECOND, Verdict};
-use crate::metrics::HttpMetrics;
+use crate::metrics::{HttpMetrics, ReloadMetrics};
 use body::DecisionBody;
 
 pub use error::{ApiError, ErrorCode};
@@ -50,10 +59,16 @@ pub const MAX_KEY_BYTES: usize = 1024;
 /// Everything a request handler needs.
 #[derive(Debug)]
 pub struct App {
-    /// Rules, keys and the clock.
-    pub engine: Engine,
+    /// The rules in force: replaced whole by [`App::reload`].
+    served: ArcSwap<Served>,
+    /// Serializes reloads (each is computed from the engine it replaces).
+    reloading: std::sync::Mutex<()>,
+    /// The engine's clock, for waits that outlive one [`Served`].
+    clock: Arc<dyn Clock>,
     /// Latency and error counters.
     pub metrics: HttpMetrics,
+    /// Config reloads.
+    pub reloads: ReloadMetrics,
     /// This node's id.
     pub node_id: String,
     /// The gossip address, once clustering is configured.
@@ -64,6 +79,13 @@ pub struct App {
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::node::Cluster>>,
     /// How long a client may take to send its body.
     pub request_timeout: Duration,
+}
+
+/// The engine together with what the API derives from its rules.
+#[derive(Debug)]
+pub struct Served {
+    /// Rules, keys and the clock.
+    pub engine: Engine,
     /// Per rule, its `RateLimit-Policy` header and the policy names `RateLimit` refers to.
     policies: HashMap<String, Policies>,
 }
@@ -78,14 +100,9 @@ struct Policies {
     limits: Vec<HeaderValue>,
 }
 
-impl App {
-    /// Wraps an engine for serving.
-    pub fn new(
-        engine: Engine,
-        node_id: String,
-        gossip: Option<SocketAddr>,
-        request_timeout: Duration,
-    ) -> App {
+impl Served {
+    /// The engine with its rules' headers.
+    pub fn new(engine: Engine) -> Served {
         let policies = engine
             .rules()
             .map(|r| {
@@ -119,16 +136,73 @@ impl App {
                 )
             })
             .collect();
+        Served { engine, policies }
+    }
+}
+
+impl App {
+    /// Wraps an engine for serving.
+    pub fn new(
+        engine: Engine,
+        node_id: String,
+        gossip: Option<SocketAddr>,
+        request_timeout: Duration,
+    ) -> App {
+        let clock = engine.shared_clock();
+        let reloads = ReloadMetrics::default();
+        reloads
+            .last_success
+            .store(clock.now() / SECOND, Ordering::Relaxed);
         App {
-            engine,
+            served: ArcSwap::from_pointee(Served::new(engine)),
+            reloading: std::sync::Mutex::new(()),
+            clock,
             metrics: HttpMetrics::default(),
+            reloads,
             node_id,
             gossip,
             ready: AtomicBool::new(true),
             cluster: std::sync::OnceLock::new(),
             request_timeout,
-            policies,
         }
+    }
+
+    /// The rules in force now. Cheap (no lock, no shared count); hold it briefly, never
+    /// across an `.await` (use [`App::served_full`] for that).
+    pub fn served(&self) -> arc_swap::Guard<Arc<Served>> {
+        self.served.load()
+    }
+
+    /// The rules in force now, as an `Arc` that may be held as long as needed.
+    pub fn served_full(&self) -> Arc<Served> {
+        self.served.load_full()
+    }
+
+    /// Replaces the rules with `rules` ([`Engine::reload`]: unchanged rules keep their
+    /// counts, redefined and new ones start fresh). On an error the running rules stay.
+    /// Counts the result in [`App::reloads`].
+    pub fn reload(&self, rules: Vec<Rule>) -> Result<RuleChanges, ReloadError> {
+        let _one_at_a_time = self.reloading.lock().unwrap_or_else(|p| p.into_inner());
+        let result = self.served.load().engine.reload(rules);
+        match result {
+            Ok((engine, changes)) => {
+                self.served.store(Arc::new(Served::new(engine)));
+                self.reloads.ok.fetch_add(1, Ordering::Relaxed);
+                self.reloads
+                    .last_success
+                    .store(self.clock.now() / SECOND, Ordering::Relaxed);
+                Ok(changes)
+            }
+            Err(e) => {
+                self.reload_failed();
+                Err(e)
+            }
+        }
+    }
+
+    /// Counts a reload that failed before reaching the rules (an unreadable or invalid file).
+    pub fn reload_failed(&self) {
+        self.reloads.error.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a refused request and renders it.
@@ -333,36 +407,63 @@ async fn status(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Respo
         Ok(r) => r,
         Err(e) => return app.refuse(e),
     };
-    match app.engine.status(request.rule, request.key) {
+    let served = app.served();
+    match served.engine.status(request.rule, request.key) {
         Ok(checked) => {
-            decision_response(&app, StatusCode::OK, request.key, &checked, 0).map(Body::new)
+            decision_response(&served, StatusCode::OK, request.key, &checked, 0).map(Body::new)
         }
         Err(e) => app.refuse(ApiError::UnknownRule(e.0)),
     }
 }
 
+/// What [`decide`] came to.
+enum Step {
+    /// The response, and how long to hold it (shaping).
+    Answer(Response<Full<Bytes>>, Nanos),
+    /// Wait this long for the cluster's next instant (seen so far: the count), then decide
+    /// again.
+    Pause(Nanos, u64),
+}
+
 /// Runs a validated check and, for a shaping rule, holds the caller as long as decided.
 async fn check(app: &App, request: CheckRequest<'_>) -> Result<Response<Full<Bytes>>, ApiError> {
     let started = Instant::now();
-    let engine = &app.engine;
-    let mut checked = engine
+    // The rules are loaded for the decision only, never held across an await.
+    let step = decide(&app.served(), &request, true)?;
+    let (response, wait) = match step {
+        Step::Answer(response, wait) => (response, wait),
+        Step::Pause(pause, seen) => {
+            app.clock.sleep(pause).await;
+            // The round task may run the instant a little late: give it a few milliseconds.
+            for _ in 0..10 {
+                if app.served().engine.instants() != seen {
+                    break;
+                }
+                app.clock.sleep(MILLISECOND).await;
+            }
+            match decide(&app.served(), &request, false)? {
+                Step::Answer(response, wait) => (response, wait),
+                Step::Pause(..) => unreachable!("decide pauses only when asked to"),
+            }
+        }
+    };
+    app.metrics.check_latency.observe(started.elapsed());
+    if wait > 0 {
+        app.clock.sleep(wait).await;
+    }
+    Ok(response)
+}
+
+/// Decides and counts a check, unless `may_pause` and the decision is a clustered key this
+/// node holds no lease for yet: that gets one within milliseconds, so the caller waits for
+/// it rather than answer 429 (Retry-After would round that up to a second).
+fn decide(served: &Served, request: &CheckRequest<'_>, may_pause: bool) -> Result<Step, ApiError> {
+    let engine = &served.engine;
+    let checked = engine
         .check_uncounted(request.rule, request.key, request.cost, request.wait)
         .map_err(|e| ApiError::UnknownRule(e.0))?;
-    // A clustered key this node holds no lease for yet gets one within milliseconds: wait
-    // for it rather than answer 429 (Retry-After would round that up to a second).
-    if let Some(pause) = engine.lease_pause(&checked, request.cost) {
-        let seen = engine.instants(&checked);
-        engine.clock().sleep(pause).await;
-        // The round task may run the instant a little late: give it a few milliseconds.
-        for _ in 0..10 {
-            if engine.instants(&checked) != seen {
-                break;
-            }
-            engine.clock().sleep(MILLISECOND).await;
-        }
-        checked = engine
-            .check_uncounted(request.rule, request.key, request.cost, request.wait)
-            .map_err(|e| ApiError::UnknownRule(e.0))?;
+    if may_pause && let Some(pause) = engine.lease_pause(&checked, request.cost) {
+        return Ok(Step::Pause(pause, engine.instants()));
     }
     engine.count(&checked);
     let wait = match checked.decision.verdict {
@@ -374,12 +475,8 @@ async fn check(app: &App, request: CheckRequest<'_>) -> Result<Response<Full<Byt
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    let response = decision_response(app, status, request.key, &checked, wait);
-    app.metrics.check_latency.observe(started.elapsed());
-    if wait > 0 {
-        app.engine.clock().sleep(wait).await;
-    }
-    Ok(response)
+    let response = decision_response(served, status, request.key, &checked, wait);
+    Ok(Step::Answer(response, wait))
 }
 
 fn validate<'a>(
@@ -507,7 +604,7 @@ fn parse_query(query: Option<&str>) -> Result<CheckQuery, ApiError> {
 }
 
 fn decision_response(
-    app: &App,
+    served: &Served,
     status: StatusCode,
     key: &str,
     checked: &Checked<'_>,
@@ -536,7 +633,7 @@ fn decision_response(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    if let Some(policies) = app.policies.get(rule.as_str()) {
+    if let Some(policies) = served.policies.get(rule.as_str()) {
         rate_limit_headers(headers, policies, checked.limit_index, d);
     }
     // Retry-After belongs to a 429; a status query carries the figure in its body only.
@@ -641,7 +738,7 @@ async fn cluster(State(app): State<Arc<App>>) -> Response {
 }
 
 async fn metrics(State(app): State<Arc<App>>) -> Response {
-    let mut text = crate::metrics::render(&app.engine, &app.metrics);
+    let mut text = crate::metrics::render(&app.served().engine, &app.metrics, &app.reloads);
     if let Some(cluster) = app.cluster.get() {
         cluster.render_metrics(&mut text);
     }
@@ -781,9 +878,10 @@ mod tests {
             let app = app();
             let status = post(&app, value.to_string().into_bytes());
             if status.is_client_error() {
-                let rule = app.engine.rule("default").unwrap();
+                let served = app.served();
+                let rule = served.engine.rule("default").unwrap();
                 prop_assert_eq!(rule.active_keys(), 0);
-                let api = app.engine.rule("api").unwrap();
+                let api = served.engine.rule("api").unwrap();
                 prop_assert_eq!(api.active_keys(), 0);
             }
         }

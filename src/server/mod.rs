@@ -23,7 +23,10 @@ use crate::config::Config;
 use crate::counter::Actor;
 use crate::engine::Engine;
 
+pub mod reload;
 mod watchdog;
+
+pub use reload::ConfigSource;
 
 /// A bound, not yet serving, node.
 #[derive(Debug)]
@@ -31,6 +34,8 @@ pub struct Node {
     listener: TcpListener,
     app: Arc<App>,
     config: Config,
+    /// Where to re-read the rules from on SIGHUP or a change (none: built-in rules).
+    source: Option<ConfigSource>,
 }
 
 impl Node {
@@ -74,7 +79,14 @@ impl Node {
             listener,
             app: Arc::new(app),
             config,
+            source: None,
         })
+    }
+
+    /// Reloads the rules from `source` on SIGHUP and when the file changes (see [`reload`]).
+    pub fn reload_from(mut self, source: ConfigSource) -> Node {
+        self.source = Some(source);
+        self
     }
 
     /// Where the HTTP API listens (useful after binding port 0).
@@ -94,6 +106,7 @@ impl Node {
             listener,
             app,
             config,
+            source,
         } = self;
         let server = &config.server;
         info!(http = %listener.local_addr()?, node_id = %server.node_id, rules = config.rules.len(), "serving");
@@ -110,6 +123,12 @@ impl Node {
             idle: server.request_timeout,
         };
         let sweeper = tokio::spawn(sweep(app.clone(), server.sweep_interval));
+        let reloader = tokio::spawn(reload::watch(
+            app.clone(),
+            source,
+            config.clone(),
+            reload::POLL_INTERVAL,
+        ));
         tokio::pin!(shutdown);
         loop {
             let permit = tokio::select! {
@@ -147,6 +166,7 @@ impl Node {
         app.ready.store(false, Ordering::Relaxed);
         drop(listener);
         sweeper.abort();
+        reloader.abort();
         info!(grace = ?server.shutdown_grace, "shutting down: draining in-flight requests");
         match tokio::time::timeout(server.shutdown_grace, graceful.shutdown()).await {
             Ok(()) => info!("all connections closed"),
@@ -167,8 +187,8 @@ async fn sweep(app: Arc<App>, interval: Duration) {
     loop {
         tick.tick().await;
         // A sweep of a million keys takes milliseconds: keep it off the async workers.
-        let engine_app = app.clone();
-        match tokio::task::spawn_blocking(move || engine_app.engine.sweep()).await {
+        let served = app.served_full();
+        match tokio::task::spawn_blocking(move || served.engine.sweep()).await {
             Ok(evicted) if evicted > 0 => debug!(evicted, "swept fresh keys"),
             Ok(_) => {}
             Err(e) => warn!(error = %e, "sweep failed"),

@@ -1,0 +1,332 @@
+//! Hot reload, end to end: the real binary, its config file rewritten (in place, or the way a
+//! Kubernetes ConfigMap volume swaps its `..data` symlink), SIGHUP, and what the node answers
+//! afterwards. Every wait polls with a deadline; every child is killed by a guard.
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, TcpListener, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
+const DEADLINE: Duration = Duration::from_secs(15);
+
+/// A temp directory, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("gossamer-reload-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).expect("temp dir");
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Replaces `path`'s content atomically (write a sibling, rename), so the poller never reads
+/// half a file.
+fn write_config(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("write config");
+    std::fs::rename(&tmp, path).expect("rename config");
+}
+
+fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind port 0");
+    listener.local_addr().expect("local addr").port()
+}
+
+/// A `gossamer serve`, killed on drop.
+struct Node {
+    child: Child,
+    port: u16,
+    /// Where its stderr (the log) goes.
+    log: PathBuf,
+}
+
+impl Node {
+    fn start(config: &Path, extra: &[&str]) -> Node {
+        let port = free_port();
+        let log = config.with_extension("log");
+        let stderr = std::fs::File::create(&log).expect("log file");
+        let mut command = Command::new(BIN);
+        for (var, _) in std::env::vars() {
+            if var.starts_with("GOSSAMER_") || var == "RUST_LOG" {
+                command.env_remove(var);
+            }
+        }
+        let child = command
+            .args(["serve", "--config"])
+            .arg(config)
+            .args(["--http", &format!("127.0.0.1:{port}")])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("serve starts");
+        let mut node = Node { child, port, log };
+        node.until("the node is ready", |n| {
+            n.request("GET", "/readyz", "")
+                .is_some_and(|(s, _)| s == 200)
+        });
+        node
+    }
+
+    /// One HTTP/1.1 request; the status and body, or `None` if nothing answers.
+    fn request(&self, method: &str, path: &str, body: &str) -> Option<(u16, String)> {
+        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port)).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(
+            stream,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let status = response.split(' ').nth(1)?.parse().ok()?;
+        Some((status, response.split_once("\r\n\r\n")?.1.to_owned()))
+    }
+
+    /// A check's status and body as JSON.
+    fn check(&self, rule: &str, cost: u64) -> (u16, serde_json::Value) {
+        let body = format!(r#"{{"rule":"{rule}","key":"k","cost":{cost}}}"#);
+        let (status, body) = self.request("POST", "/v1/check", &body).expect("answers");
+        (status, serde_json::from_str(&body).expect("JSON body"))
+    }
+
+    /// The value of a metric sample (the whole line up to the value), 0 when absent.
+    fn metric(&self, sample: &str) -> f64 {
+        let (_, text) = self.request("GET", "/metrics", "").expect("metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    fn reloads(&self) -> (f64, f64) {
+        (
+            self.metric("gossamer_config_reloads_total{result=\"ok\"}"),
+            self.metric("gossamer_config_reloads_total{result=\"error\"}"),
+        )
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn hangup(&self) {
+        let status = Command::new("sh")
+            .args(["-c", "kill -HUP \"$0\"", &self.child.id().to_string()])
+            .status()
+            .expect("sh runs");
+        assert!(status.success(), "kill -HUP failed");
+    }
+
+    /// Polls `done` until it holds, failing after [`DEADLINE`] or if the node exits.
+    fn until(&mut self, what: &str, done: impl Fn(&Node) -> bool) {
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                panic!("the node exited ({status}) while waiting for: {what}");
+            }
+            if done(self) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Token buckets refilling 1 per hour or slower: within a test, spent is spent.
+fn rules(changed_limit: u64, with_added: bool) -> String {
+    let mut text = format!(
+        r#"
+[[rule]]
+name = "kept"
+algorithm = "token_bucket"
+limit = 2
+period = "1h"
+
+[[rule]]
+name = "changed"
+algorithm = "token_bucket"
+limit = {changed_limit}
+period = "1h"
+
+[[rule]]
+name = "removed-later"
+algorithm = "token_bucket"
+limit = 1
+period = "1h"
+"#
+    );
+    if with_added {
+        text = text.replace("removed-later", "added");
+    }
+    text
+}
+
+#[test]
+fn sighup_reloads_rules_keeping_unchanged_counts_and_refuses_an_invalid_file() {
+    let dir = TempDir::new();
+    let path = dir.0.join("gossamer.toml");
+    write_config(&path, &rules(1, false));
+    let mut node = Node::start(&path, &[]);
+    assert_eq!(node.check("kept", 2).0, 200);
+    assert_eq!(node.check("kept", 1).0, 429);
+    assert_eq!(node.check("changed", 1).0, 200);
+    assert_eq!(node.check("changed", 1).0, 429);
+
+    write_config(&path, &rules(5, true));
+    node.hangup();
+    node.until("the new limit is served", |n| n.check("added", 1).0 == 200);
+    assert!(node.reloads().0 >= 1.0);
+    let (status, body) = node.check("changed", 5);
+    assert_eq!(status, 200, "a redefined rule starts fresh: {body}");
+    assert_eq!(body["limit"], 5);
+    let (status, body) = node.check("kept", 1);
+    assert_eq!(status, 429, "an unchanged rule keeps its counts: {body}");
+    assert_eq!(
+        node.metric("gossamer_checks_total{rule=\"kept\",outcome=\"denied\"}"),
+        2.0,
+        "and its metrics"
+    );
+    let (status, body) = node.check("removed-later", 1);
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("unknown_rule"))
+    );
+
+    // A bad file: refused, counted, and the running rules stay.
+    let errors_before = node.reloads().1;
+    write_config(&path, &rules(5, true).replace("limit = 2", "limit = 0"));
+    node.hangup();
+    // Counted, and logged naming the file, the rule and the field.
+    let place = format!("{}: rule \"kept\", field \"limit\"", path.display());
+    node.until("the refused reload is counted and logged", |n| {
+        n.reloads().1 > errors_before && n.log().contains(&place)
+    });
+    let (status, body) = node.check("changed", 1);
+    assert_eq!(status, 429, "still the old rules: {body}");
+    assert_eq!(body["limit"], 5);
+    assert!(node.log().contains("config reload refused"));
+
+    // SIGHUP alone: the file made valid again and picked up by the poller first, so that
+    // only the signal can reload it once more.
+    let ok_before = node.reloads().0;
+    write_config(&path, &rules(5, true));
+    node.until("the poller loads the valid file", |n| {
+        n.reloads().0 > ok_before
+    });
+    let ok_before = node.reloads().0;
+    node.hangup();
+    node.until("SIGHUP reloads an unchanged file", |n| {
+        n.reloads().0 > ok_before
+    });
+    assert_eq!(
+        node.check("kept", 1).0,
+        429,
+        "nothing changed, nothing reset"
+    );
+}
+
+/// A ConfigMap volume: `gossamer.toml -> ..data/gossamer.toml`, `..data -> ..<version>`;
+/// an update writes a new version directory and swaps `..data` atomically.
+#[test]
+fn a_configmap_style_symlink_swap_is_picked_up_without_a_signal() {
+    use std::os::unix::fs::symlink;
+    let dir = TempDir::new();
+    let version = |n: u32, text: &str| {
+        let v = dir.0.join(format!("..v{n}"));
+        std::fs::create_dir_all(&v).expect("version dir");
+        std::fs::write(v.join("gossamer.toml"), text).expect("write");
+        let tmp = dir.0.join("..data_tmp");
+        let _ = std::fs::remove_file(&tmp);
+        symlink(format!("..v{n}"), &tmp).expect("symlink");
+        std::fs::rename(&tmp, dir.0.join("..data")).expect("swap ..data");
+    };
+    version(1, &rules(1, false));
+    let path = dir.0.join("gossamer.toml");
+    symlink("..data/gossamer.toml", &path).expect("symlink");
+    let mut node = Node::start(&path, &[]);
+    assert_eq!(node.check("changed", 1).0, 200);
+    assert_eq!(node.check("changed", 1).0, 429);
+
+    version(2, &rules(3, true));
+    node.until("the swapped file is loaded", |n| {
+        n.check("added", 1).0 == 200
+    });
+    let (status, body) = node.check("changed", 3);
+    assert_eq!((status, body["limit"].as_u64()), (200, Some(3)));
+    assert_eq!(node.reloads(), (1.0, 0.0));
+    assert!(
+        node.metric("gossamer_config_last_reload_success_timestamp_seconds") > 1.6e9,
+        "a Unix time"
+    );
+}
+
+#[test]
+fn a_clustered_node_refuses_to_change_global_rules_but_reloads_local_ones() {
+    let dir = TempDir::new();
+    let path = dir.0.join("gossamer.toml");
+    let config = |global_limit: u64, local_limit: u64| {
+        format!(
+            r#"
+[[rule]]
+name = "g"
+algorithm = "token_bucket"
+limit = {global_limit}
+period = "1h"
+scope = "global"
+
+[[rule]]
+name = "l"
+algorithm = "token_bucket"
+limit = {local_limit}
+period = "1h"
+scope = "local"
+"#
+        )
+    };
+    write_config(&path, &config(2, 1));
+    let gossip = {
+        let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("udp port 0");
+        socket.local_addr().expect("addr").port()
+    };
+    let gossip = format!("127.0.0.1:{gossip}");
+    let mut node = Node::start(&path, &["--gossip", &gossip, "--node-id", "solo"]);
+
+    write_config(&path, &config(20, 1));
+    node.hangup();
+    node.until("the refused reload is counted and logged", |n| {
+        n.reloads().1 >= 1.0
+            && n.log()
+                .contains("changing global rules in a cluster needs a (rolling) restart: \"g\"")
+    });
+    let (_, body) = node.check("g", 1);
+    assert_eq!(body["limit"], 2, "the global rule is unchanged: {body}");
+
+    write_config(&path, &config(2, 4));
+    node.hangup();
+    node.until("the local rule is reloaded", |n| n.check("l", 4).0 == 200);
+    assert_eq!(node.check("g", 1).1["limit"], 2);
+}
