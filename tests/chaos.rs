@@ -349,7 +349,7 @@ fn retirement_charge(tracer: &Loaded, victim: usize, stopped: Instant) -> u64 {
 ///    included) and may gain the retirement charge ([`retirement_charge`]) and its requests
 ///    cut by the stop.
 #[test]
-#[ignore = "known gap: one run of six saw 301/300 in a window with two SIGTERMs (the design allows 0 for a restart); the likely cause is the drain gap that sigterm_drain_is_counted shows (a stopping node admits, unpublished, beyond what the retirement charges)"]
+#[ignore = "known gap: one of 14 runs saw 301/300 in a window with two SIGTERMs (the design allows 0 for a restart); the likely cause is the drain gap that sigterm_drain_is_counted shows (a stopping node admits, unpublished, beyond what the retirement charges)"]
 fn rolling_restart_holds_the_limit() {
     scenario("rolling-strict", N, SCENARIO_LIMIT, |lab| {
         rolling(lab, "rolling-strict", true)
@@ -447,7 +447,7 @@ async fn rolling(mut lab: Lab, tag: &str, strict: bool) {
 ///     counts them "approximately and from above". So the cluster's count, once it agrees,
 ///     is at least what the test saw admitted less one round of node-2's admissions.
 #[test]
-#[ignore = "known gap (src/server/mod.rs, src/cluster/node.rs): after SIGTERM a node aborts its round task, then serves its open HTTP connections for 0.5-1.3 s more (the leave's 200 ms, then QUIC wait_idle up to 1 s, then the drain) against its last grant, which never lapses and is never published; the retirement (design §5) charges only 2·d̂·r + c' (r at most 4 rounds): 41 of 376 admissions lost in 1 of 3 runs (147-216 admitted while draining)"]
+#[ignore = "known gap (src/server/mod.rs, src/cluster/node.rs): after SIGTERM a node aborts its round task, then serves its open HTTP connections for 0.5-1.3 s more (the leave's 200 ms, then QUIC wait_idle up to 1 s, then the drain) against its last grant, which never lapses and is never published; the retirement (design §5) charges only 2·d̂·r + c' (r at most 4 rounds): 41 of 376 admissions lost in 1 of 5 runs (6-216 admitted while draining)"]
 fn sigterm_drain_is_counted() {
     scenario("drain", N, SCENARIO_LIMIT, |mut lab| async move {
         let tag = "drain";
@@ -843,6 +843,66 @@ fn node_joins_mid_load() {
             &w,
             &[("start", joined), ("ready", ready_at)],
             &mut f,
+        );
+        lab.finish();
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. A node leaving for good
+
+/// 7. A node that leaves for good (SIGTERM, not restarted: a scale-down) releases its share.
+///    Design §5, "A dead member under hold": its share stays held until it restarts, *or it
+///    leaves gracefully (SIGTERM announces the leave before the drain)*, or chitchat forgets
+///    it. So once node-4 has left, the four others, under 2x load, admit the whole limit again
+///    in every full window (at least 90% of it, as `tests/netns.rs` asks of a formed cluster).
+#[test]
+#[ignore = "known gap (src/cluster/global.rs, participates): under hold a member that left gracefully still takes part (held, like a dead one) until dead_node_grace_period (1 h), so after a scale-down the others admit only their own share of each window"]
+fn graceful_leave_releases_its_share() {
+    scenario("leave", N, SCENARIO_LIMIT, |mut lab| async move {
+        let tag = "leave";
+        wait_formed(tag, &lab, Duration::from_secs(15)).await;
+        let all: Vec<usize> = (0..N).collect();
+        let (w, tracer) = loads(&lab, &all, "c7");
+        let pace = pace(&lab, Duration::from_secs(2)).await;
+        let leaver = N - 1;
+        let asked = Instant::now();
+        let exit = lab.terminate(leaver, Duration::from_secs(12)).await;
+        eprintln!(
+            "[{tag}] node-{leaver} left (SIGTERM), exited after {:?} ms; pace {pace:.2}",
+            exit.map(|d| d.as_millis())
+        );
+        let w = w.stop().await;
+        let _ = tracer.stop().await;
+        let rest: Vec<usize> = (0..N - 1).collect();
+        let after = Load::start_on(
+            &on(&lab, rest.iter().copied()),
+            "w",
+            "c7",
+            w_rate(),
+            2,
+            true,
+        );
+        into_next_window(&lab, Duration::ZERO).await;
+        sleep(W_PERIOD * 2 + Duration::from_millis(200)).await;
+        let after = after.stop().await;
+        lab.assert_running();
+        let full = check_windows(
+            tag,
+            &lab.wall,
+            &merge(vec![w, after]),
+            W_PERIOD,
+            W_LIMIT,
+            0,
+            &[("leave", asked)],
+        );
+        let last: Vec<u64> = full.iter().rev().take(2).map(|x| x.0).collect();
+        eprintln!(
+            "[{tag}] the last two full windows after the leave admitted {last:?} of {W_LIMIT}"
+        );
+        assert!(
+            last.iter().all(|&n| n * 10 >= W_LIMIT * 9),
+            "[{tag}] after node-{leaver} left, full windows admitted {last:?} < 90% of {W_LIMIT}"
         );
         lab.finish();
     });
