@@ -297,6 +297,18 @@ pub fn write(path: &Path, threads: usize) -> std::io::Result<String> {
         last.nodes / first.nodes,
         last.bytes_per_node_second / first.bytes_per_node_second.max(1.0)
     );
+    if let Some(thin) = points.iter().find(|p| p.admitted * 100 < p.ideal * 95) {
+        let _ = writeln!(
+            md,
+            "At {} nodes the 1,000/s limit is {:.1} units per node per round, and the cluster \
+             admitted {:.0}% of it: leases and gap credits are whole units, so a limit spread \
+             thinner than about one unit per node per round under-admits (design.md §7, \
+             \"many nodes sharing a small limit\").\n",
+            thin.nodes,
+            1000.0 / thin.nodes as f64 / 10.0,
+            100.0 * thin.admitted as f64 / thin.ideal as f64
+        );
+    }
     let _ = writeln!(
         md,
         "Whole report generated in {:.0} s.",
