@@ -243,15 +243,9 @@ fn demo(args: &DemoArgs) -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("gossamer: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_ERROR);
-        }
+        Err(code) => return code,
     };
     let options = gossamer::demo::DemoOptions {
         duration: args.duration,
@@ -310,15 +304,9 @@ fn serve(args: ServeArgs) -> ExitCode {
     if args.config.is_none() {
         tracing::info!("no --config given: serving the built-in example rules");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("gossamer: cannot start the runtime: {e}");
-            return ExitCode::from(EXIT_ERROR);
-        }
+        Err(code) => return code,
     };
     let result: anyhow::Result<()> = runtime.block_on(async {
         let http = config.server.http;
@@ -439,4 +427,15 @@ fn init_tracing(format: LogFormat) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+}
+
+/// The multi-threaded tokio runtime a command runs on (exit code 2 if it cannot start).
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("gossamer: cannot start the runtime: {e}");
+            ExitCode::from(EXIT_ERROR)
+        })
 }

@@ -1824,15 +1824,8 @@ impl Global {
 
     /// The cluster-wide count this node knows for a windowed limit's slot (tests, status).
     pub fn known_total(&self, rule: &str, limit: usize, key: &str, slot: u64) -> u64 {
-        let Some(&ri) = self.by_name.get(rule) else {
-            return 0;
-        };
-        let Some(l) = self.rules[ri].limits.get(limit) else {
-            return 0;
-        };
-        self.lock()
-            .counters
-            .total(&SlotId::new(l.label.clone(), key, slot))
+        self.slot_id(rule, limit, key, slot)
+            .map_or(0, |id| self.lock().counters.total(&id))
     }
 
     /// `actor`'s count this node knows for a windowed limit's slot (simulation checks).
@@ -1844,15 +1837,13 @@ impl Global {
         slot: u64,
         actor: &Actor,
     ) -> u64 {
-        let Some(&ri) = self.by_name.get(rule) else {
-            return 0;
-        };
-        let Some(l) = self.rules[ri].limits.get(limit) else {
-            return 0;
-        };
-        self.lock()
-            .counters
-            .count(&SlotId::new(l.label.clone(), key, slot), actor)
+        self.slot_id(rule, limit, key, slot)
+            .map_or(0, |id| self.lock().counters.count(&id, actor))
+    }
+
+    fn slot_id(&self, rule: &str, limit: usize, key: &str, slot: u64) -> Option<SlotId> {
+        let l = self.rules[*self.by_name.get(rule)?].limits.get(limit)?;
+        Some(SlotId::new(l.label.clone(), key, slot))
     }
 
     /// Peers this node suspects now.

@@ -848,14 +848,17 @@ pub struct Summary {
 }
 
 impl Summary {
+    /// The `q`th percentile of the agreement times, in ms.
+    pub fn converged_ms(&self, q: usize) -> u64 {
+        self.converged
+            .get(self.converged.len().saturating_sub(1) * q / 100)
+            .map_or(0, |t| t / MS)
+    }
+
     /// One line: runs, failures, admitted against ideal, worst over-admission, lost counts
     /// and agreement times.
     pub fn line(&self, took: std::time::Duration) -> String {
-        let pct = |q: usize| {
-            self.converged
-                .get((self.converged.len().saturating_sub(1)) * q / 100)
-                .map_or(0, |t| t / MS)
-        };
+        let pct = |q| self.converged_ms(q);
         format!(
             "{} seeds in {:.0} s: {} broke an invariant; admitted {:.1}% of ideal; worst window {} over the limit (within its allowance unless failed); {} lost; agreement after the load stopped: median {} ms, p99 {} ms, max {} ms",
             self.runs,

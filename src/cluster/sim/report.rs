@@ -334,11 +334,7 @@ fn worst_window(o: &Outcome) -> (u64, u64) {
 }
 
 fn seeds_row(mode: &str, s: &Summary) -> String {
-    let pct = |q: usize| {
-        s.converged
-            .get(s.converged.len().saturating_sub(1) * q / 100)
-            .map_or(0, |t| t / MS)
-    };
+    let pct = |q| s.converged_ms(q);
     format!(
         "| {mode} | {} | {} | {:.1}% | {} | {} | {} / {} / {} ms |",
         s.runs,
