@@ -309,10 +309,7 @@ fn serve(args: ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     let result: anyhow::Result<()> = runtime.block_on(async {
-        let http = config.server.http;
-        let mut node = Node::bind(config, Arc::new(SystemClock))
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {http}: {e}"))?;
+        let mut node = Node::bind(config, Arc::new(SystemClock)).await?;
         if let Some(source) = source {
             node = node.reload_from(source);
         }

@@ -394,6 +394,33 @@ fn serve_with_a_bad_config_exits_2_naming_the_file_rule_and_field() {
 }
 
 #[test]
+fn serve_with_a_missing_cluster_tls_file_exits_2_saying_so() {
+    let gossip = free_port();
+    let config = format!(
+        "[cluster]\ngossip = \"127.0.0.1:{gossip}\"\n\
+         [cluster.tls]\nca = \"/nonexistent/ca.pem\"\ncert = \"/nonexistent/n.pem\"\n\
+         key = \"/nonexistent/n-key.pem\"\n\
+         [[rule]]\nname = \"api\"\nscope = \"global\"\n\
+         limits = [{{ algorithm = \"fixed_window\", limit = 10, period = \"1s\" }}]\n"
+    );
+    let file = TempFile::new(&config);
+    let port = free_port().to_string();
+    let out = run(&[
+        "serve",
+        "--config",
+        file.arg(),
+        "--http",
+        &format!("127.0.0.1:{port}"),
+    ]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    // The cluster's own error, not the HTTP listener's.
+    assert!(stderr.contains("cannot start the cluster"), "{stderr}");
+    assert!(stderr.contains("/nonexistent/ca.pem"), "{stderr}");
+    assert!(!stderr.contains("cannot listen"), "{stderr}");
+}
+
+#[test]
 fn serve_answers_checks_with_exit_codes_and_exits_0_on_sigterm() {
     let port = free_port();
     let mut command = gossamer();

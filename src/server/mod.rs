@@ -42,7 +42,10 @@ impl Node {
     /// Builds the engine from `config` and binds the HTTP listener. With a gossip address,
     /// also joins the cluster: global rules are then counted across it.
     pub async fn bind(config: Config, clock: Arc<dyn Clock>) -> io::Result<Node> {
-        let listener = TcpListener::bind(config.server.http).await?;
+        let http = config.server.http;
+        let listener = TcpListener::bind(http)
+            .await
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {http}: {e}")))?;
         let max_keys = config.server.max_keys;
         let (engine, global) = if config.cluster.gossip.is_some() {
             let round = config.cluster.gossip_interval.as_nanos() as u64;
@@ -55,7 +58,7 @@ impl Node {
             let me = Actor::new(config.server.node_id.clone(), generation(clock.now()));
             let (engine, global) =
                 Engine::clustered(config.rules.clone(), max_keys, clock.clone(), me, params)
-                    .map_err(io::Error::other)?;
+                    .map_err(|e| io::Error::other(format!("global rules: {e}")))?;
             (engine, Some(global))
         } else {
             (
@@ -72,7 +75,7 @@ impl Node {
         if let Some(global) = global {
             let cluster = Cluster::start(&config, global, clock, rules_hash(&config))
                 .await
-                .map_err(io::Error::other)?;
+                .map_err(|e| io::Error::other(format!("cannot start the cluster: {e}")))?;
             let _ = app.cluster.set(Arc::new(cluster));
         }
         Ok(Node {
