@@ -376,17 +376,16 @@ fn config_check_of_a_missing_file_exits_2() {
     assert!(stderr.contains("cannot read"), "{stderr}");
 }
 
+/// `gossamer serve --config FILE` on a free port, for configs that must stop it at start.
+fn serve_once(file: &TempFile) -> Output {
+    let http = format!("127.0.0.1:{}", free_port());
+    run(&["serve", "--config", file.arg(), "--http", &http])
+}
+
 #[test]
 fn serve_with_a_bad_config_exits_2_naming_the_file_rule_and_field() {
     let file = TempFile::new(BAD_LIMIT);
-    let port = free_port().to_string();
-    let out = run(&[
-        "serve",
-        "--config",
-        file.arg(),
-        "--http",
-        &format!("127.0.0.1:{port}"),
-    ]);
+    let out = serve_once(&file);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains(file.arg()), "{stderr}");
@@ -404,14 +403,7 @@ fn serve_with_a_missing_cluster_tls_file_exits_2_saying_so() {
          limits = [{{ algorithm = \"fixed_window\", limit = 10, period = \"1s\" }}]\n"
     );
     let file = TempFile::new(&config);
-    let port = free_port().to_string();
-    let out = run(&[
-        "serve",
-        "--config",
-        file.arg(),
-        "--http",
-        &format!("127.0.0.1:{port}"),
-    ]);
+    let out = serve_once(&file);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     // The cluster's own error, not the HTTP listener's.
