@@ -56,12 +56,26 @@ struct SimArgs {
     /// Write the chaos report (scenarios, seeds, scaling) as FILE and its plots beside it.
     #[arg(long, value_name = "FILE")]
     report: Option<PathBuf>,
+    /// Measure one scaling point, NODES,KEYS (as in the report's table), and print its row.
+    #[arg(long, value_name = "NODES,KEYS", value_parser = scale_point, conflicts_with_all = ["seed", "seeds", "report"])]
+    scale: Option<(usize, usize)>,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum PartitionMode {
     Hold,
     Split,
+}
+
+fn scale_point(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("\"{s}\" is not NODES,KEYS (two whole numbers, NODES at least 2)");
+    let (n, k) = s.split_once(',').ok_or_else(bad)?;
+    let n: usize = n.trim().parse().map_err(|_| bad())?;
+    let k: usize = k.trim().parse().map_err(|_| bad())?;
+    if n < 2 {
+        return Err(bad());
+    }
+    Ok((n, k))
 }
 
 fn seed_range(s: &str) -> Result<std::ops::Range<u64>, String> {
@@ -209,6 +223,11 @@ fn sim(args: &SimArgs) -> ExitCode {
                 ExitCode::from(EXIT_ERROR)
             }
         };
+    }
+    if let Some((nodes, keys)) = args.scale {
+        println!("{}", sim::report::SCALE_HEADER);
+        println!("{}", sim::report::scale_row(&sim::scale(nodes, keys, 7)));
+        return ExitCode::SUCCESS;
     }
     let seeds = match (args.seed, &args.seeds) {
         (Some(seed), _) => seed..seed + 1,

@@ -208,15 +208,20 @@ async fn a_leaving_node_is_reported_dead_within_a_round_or_two() {
     let mut watch_a = a.watch();
     watch_a.mark_unchanged();
     let started = Instant::now();
-    let leaving = tokio::spawn(c.leave());
+    let leaving = tokio::spawn(c.leave(Some(42)));
     let took = wait_until(&a, Duration::from_millis(500), "a sees c gone", |v| {
         dead(v, "c")
     })
     .await;
-    wait_until(&b, Duration::from_millis(500), "b sees c gone", |v| {
+    let seen = wait_until(&b, Duration::from_millis(500), "b sees c gone", |v| {
         dead(v, "c")
     })
     .await;
+    let c_at_b = newest(&b.members(), "c").cloned();
+    assert!(
+        c_at_b.is_some_and(|m| m.leaving && m.published_through == Some(42)),
+        "b reads the round c published through from its marker ({seen:?})"
+    );
     eprintln!(
         "leaving node dead at a after {took:?}, at both after {:?} (virtual)",
         started.elapsed()

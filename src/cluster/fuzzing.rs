@@ -41,6 +41,7 @@ pub fn node() -> Global {
             actor: Actor::new("b", 5),
             alive: true,
             left: false,
+            published_through: None,
         }],
         NOW,
     );

@@ -139,6 +139,10 @@ pub struct MemberInfo {
     /// It announced a graceful leave: it published its last counts and admits nothing more,
     /// so its share is released rather than held (design §5).
     pub left: bool,
+    /// With `left`: every admission of this incarnation is in its round frames up to this
+    /// round (it stopped admitting before that round's boundary). A peer that applied that
+    /// frame knows its final counts and charges no retirement.
+    pub published_through: Option<u64>,
 }
 
 /// Something for the caller to send.
@@ -196,6 +200,8 @@ pub struct Stats {
     pub store_full: u64,
     /// Keys whose counts took a retired actor's ghost ([`Global::retire`]).
     pub retired_ghosts: u64,
+    /// Graceful leaves whose final frame was in, so no retirement was charged.
+    pub final_leaves: u64,
 }
 
 /// How a limit counts in the cluster.
@@ -702,6 +708,19 @@ impl Global {
         self.instants.load(Ordering::Acquire)
     }
 
+    /// The last round whose frame this node has built and handed out: its boundary ran and
+    /// so did its instant (the shell sends a boundary's frame before it runs the instant).
+    pub fn published(&self) -> Option<u64> {
+        let st = self.lock();
+        st.instant.min(st.boundary)
+    }
+
+    /// The first round whose frame surely carries every admission made before this call: the
+    /// one after the last boundary that ran.
+    pub fn next_publication(&self) -> u64 {
+        self.lock().boundary.map_or(0, |b| b + 1)
+    }
+
     /// The protocol parameters.
     pub fn params(&self) -> &Params {
         &self.params
@@ -899,15 +918,30 @@ impl Global {
                 continue;
             }
             if m.left {
-                // Gone on purpose: charge its retirement (in case its last frame did not
-                // arrive) and stop holding its share. A later generation joins as new.
+                // Gone on purpose: stop holding its share, and charge its retirement unless
+                // its final frame is in (then its counts are final). A later generation
+                // joins as new.
                 if st
                     .peers
                     .get(&m.actor.node)
                     .is_some_and(|p| p.actor.generation <= m.actor.generation)
-                    && let Some(old) = st.peers.remove(&m.actor.node)
                 {
-                    self.retire(&mut st, &old, now);
+                    // Its final frame may still wait for this round's instant: apply what
+                    // this round may already read.
+                    if let Some(b) = st.boundary {
+                        self.apply_buffered(&mut st, &m.actor.node, b, now);
+                    }
+                    let Some(old) = st.peers.remove(&m.actor.node) else {
+                        continue;
+                    };
+                    let complete = old.actor == m.actor
+                        && m.published_through
+                            .is_some_and(|r| old.applied.is_some_and(|a| a >= r));
+                    if complete {
+                        st.stats.final_leaves += 1;
+                    } else {
+                        self.retire(&mut st, &old, now);
+                    }
                     changed = true;
                 }
                 continue;
@@ -1117,6 +1151,28 @@ impl Global {
             self.instant(&mut st, n, now);
         }
         out
+    }
+
+    /// Applies `node`'s buffered frames up to round `n`, in round order; a round with a part
+    /// missing is dropped.
+    fn apply_buffered(&self, st: &mut RoundState, node: &str, n: u64, now: Nanos) {
+        let frames = match st.peers.get_mut(node) {
+            Some(p) => {
+                let later = p.frames.split_off(&(n + 1, 0));
+                std::mem::replace(&mut p.frames, later)
+            }
+            None => return,
+        };
+        let mut rounds: BTreeMap<u64, Vec<RoundFrame>> = BTreeMap::new();
+        for ((round, _), frame) in frames {
+            rounds.entry(round).or_default().push(frame);
+        }
+        for (_, parts) in rounds {
+            let complete = parts.iter().all(|f| f.parts as usize == parts.len());
+            if complete {
+                self.apply_round(st, node, parts, now);
+            }
+        }
     }
 
     /// This node's view hash: every participant (this node included) in node order, with
@@ -1402,24 +1458,7 @@ impl Global {
         // Apply every buffered frame up to round n, in round order.
         let nodes: Vec<String> = st.peers.keys().cloned().collect();
         for node in &nodes {
-            let frames = match st.peers.get_mut(node) {
-                Some(p) => {
-                    let later = p.frames.split_off(&(n + 1, 0));
-                    std::mem::replace(&mut p.frames, later)
-                }
-                None => continue,
-            };
-            // Group parts by round; a round with a part missing is dropped.
-            let mut rounds: BTreeMap<u64, Vec<RoundFrame>> = BTreeMap::new();
-            for ((round, _), frame) in frames {
-                rounds.entry(round).or_default().push(frame);
-            }
-            for (_, parts) in rounds {
-                let complete = parts.iter().all(|f| f.parts as usize == parts.len());
-                if complete {
-                    self.apply_round(st, node, parts, now);
-                }
-            }
+            self.apply_buffered(st, node, n, now);
         }
         // Suspicion and consistency.
         let my_view = st.my_views.get(&n).copied();

@@ -166,6 +166,9 @@ pub struct Member {
     /// The member announced that it is leaving on purpose ([`Membership::leave`]): it has
     /// published its last counts and admits nothing more.
     pub leaving: bool,
+    /// With `leaving`: the round from which its frames carry every admission it made (the
+    /// value of its leaving marker), if it said.
+    pub published_through: Option<u64>,
     /// How long ago this node last saw the member's heartbeat grow (counted from when the
     /// member was first seen, and as of the last refresh, so up to one gossip interval
     /// stale). `None` before any heartbeat was heard.
@@ -228,6 +231,7 @@ struct Observed {
     heartbeat: u64,
     meta: Option<NodeMeta>,
     leaving: bool,
+    published_through: Option<u64>,
     /// Alive according to chitchat's failure detector.
     detector_alive: bool,
 }
@@ -445,12 +449,14 @@ impl Membership {
 
     /// Leaves on purpose: publishes a leaving marker, pushes it to every known peer, waits
     /// two gossip rounds for it to spread, then stops. Peers that got the marker report this
-    /// node dead at once instead of after the failure detector's ~1 s.
-    pub async fn leave(self) -> Result<(), MembershipError> {
+    /// node dead at once instead of after the failure detector's ~1 s. The marker carries
+    /// `published_through`, the round from which this node's frames hold all it admitted.
+    pub async fn leave(self, published_through: Option<u64>) -> Result<(), MembershipError> {
+        let marker = published_through.map_or_else(|| "1".to_owned(), |r| r.to_string());
         let peers = self
             .chitchat
             .with_chitchat(|chitchat| {
-                chitchat.self_node_state().set(KEY_LEAVING, "1");
+                chitchat.self_node_state().set(KEY_LEAVING, &marker);
                 peer_addrs(chitchat)
             })
             .await;
@@ -533,6 +539,7 @@ impl Tracker {
                     meta: o.meta.clone(),
                     alive: is_self || (o.detector_alive && !o.leaving && !superseded),
                     leaving: o.leaving,
+                    published_through: o.published_through,
                     last_seen,
                     is_self,
                 }
@@ -653,6 +660,7 @@ fn observed(id: &ChitchatId, state: &NodeState, detector_alive: bool) -> Observe
         heartbeat: u64::from(state.heartbeat()),
         meta: NodeMeta::from_keys(|key| state.get(key)),
         leaving: state.get(KEY_LEAVING).is_some(),
+        published_through: state.get(KEY_LEAVING).and_then(|v| v.parse().ok()),
         detector_alive,
     }
 }

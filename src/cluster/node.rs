@@ -231,6 +231,14 @@ impl Cluster {
              possible admissions after its last frame, counted so they are not handed out again).",
             &[("", stats.retired_ghosts)],
         );
+        family(
+            out,
+            "gossamer_cluster_final_leaves_total",
+            "counter",
+            "Peers that left gracefully after this node had their final frame: their counts \
+             were complete, so no retirement was charged.",
+            &[("", stats.final_leaves)],
+        );
         let rejected = |reason: &str| counts.rejected.get(reason).copied().unwrap_or(0);
         let reasons = [
             Reject::Impostor,
@@ -302,16 +310,22 @@ impl Cluster {
     /// published, then leaves. (Leaving first and draining after would admit against a
     /// lease no round publishes: counts lost, seen in `tests/chaos.rs`.)
     pub async fn shutdown(&self) {
-        let seen = self.global.instants();
+        let wanted = self.global.next_publication();
         let round = Duration::from_nanos(self.global.params().round);
         let published = async {
-            while self.global.instants() <= seen {
+            while self.global.published().is_none_or(|r| r < wanted) {
                 tokio::time::sleep(round / 10).await;
             }
         };
-        if tokio::time::timeout(round * 3, published).await.is_err() {
-            debug!("no round ran before leaving: the last admissions may be unpublished");
-        }
+        // Peers that applied frame `wanted` know every count of this node and charge it no
+        // retirement; the others charge it (design §5).
+        let published_through = match tokio::time::timeout(round * 3, published).await {
+            Ok(()) => Some(wanted),
+            Err(_) => {
+                debug!("no round ran before leaving: the last admissions may be unpublished");
+                None
+            }
+        };
         for t in &self.tasks {
             t.abort();
         }
@@ -321,7 +335,7 @@ impl Cluster {
             .unwrap_or_else(|p| p.into_inner())
             .take();
         if let Some(m) = membership
-            && let Err(e) = m.leave().await
+            && let Err(e) = m.leave(published_through).await
         {
             debug!(error = %e, "leaving the cluster");
         }
@@ -526,6 +540,7 @@ async fn members(
                         actor: crate::counter::Actor::new(m.node_id.clone(), m.generation),
                         alive: m.alive,
                         left: m.leaving,
+                        published_through: m.published_through,
                     });
                 }
             }

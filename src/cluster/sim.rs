@@ -83,8 +83,9 @@ pub struct Sim {
     generations: Vec<u64>,
     /// Until when a node is paused.
     paused: Vec<Option<Nanos>>,
-    /// Whether a node's current generation left gracefully (gossiped as leaving).
-    left: Vec<bool>,
+    /// Whether a node's current generation left gracefully (gossiped as leaving), and the
+    /// round from which its frames carry every admission it made, if it got that far.
+    left: Vec<Option<Option<u64>>>,
     /// Messages in flight by (delivery time, sequence).
     queue: BTreeMap<(Nanos, u64), InFlight>,
     seq: u64,
@@ -123,7 +124,7 @@ impl Sim {
             params,
             generations: vec![1; n],
             paused: vec![None; n],
-            left: vec![false; n],
+            left: vec![None; n],
             queue: BTreeMap::new(),
             seq: 0,
             rng: seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1,
@@ -195,6 +196,7 @@ impl Sim {
                 actor: Actor::new(self.names[j].clone(), self.generations[j]),
                 alive: self.running(j),
                 left: false,
+                published_through: None,
             })
             .collect();
         for (j, m) in members.iter().enumerate() {
@@ -235,7 +237,8 @@ impl Sim {
                 .map(|j| MemberInfo {
                     actor: Actor::new(self.names[j].clone(), self.known[i][j]),
                     alive: self.heard[i][j].is_some_and(|t| self.now - t <= DETECT),
-                    left: self.left[j] && self.known[i][j] == self.generations[j],
+                    left: self.left[j].is_some() && self.known[i][j] == self.generations[j],
+                    published_through: self.left[j].flatten(),
                 })
                 .collect();
             self.tell(i, members);
@@ -405,23 +408,29 @@ impl Sim {
     /// Stops node `i` as a graceful shutdown does: it admits nothing more, its next round
     /// publishes its last counts, then it leaves (its peers hear so through membership).
     pub fn leave(&mut self, i: usize) {
+        let mut through = None;
         if let Some(g) = &self.nodes[i] {
-            let seen = g.instants();
+            let wanted = g.next_publication();
             for _ in 0..300 {
                 self.advance(MS);
-                if self.nodes[i].as_ref().is_none_or(|g| g.instants() > seen) {
-                    break;
+                match &self.nodes[i] {
+                    Some(g) if g.published().is_some_and(|r| r >= wanted) => {
+                        through = Some(wanted);
+                        break;
+                    }
+                    Some(_) => {}
+                    None => break,
                 }
             }
         }
         self.crash(i);
-        self.left[i] = true;
+        self.left[i] = Some(through);
     }
 
     /// Starts node `i` again as a new generation; peers learn of it through membership.
     fn restart_quietly(&mut self, i: usize) {
         self.generations[i] += 1;
-        self.left[i] = false;
+        self.left[i] = None;
         self.nodes[i] = Some(self.make(i));
         self.told[i].clear();
         self.announce(i);

@@ -136,6 +136,7 @@ fn split_lets_each_side_use_the_whole_limit_once_the_other_is_dead() {
                 actor: Actor::new(sim.names[j].clone(), 1),
                 alive: !others.contains(&j),
                 left: false,
+                published_through: None,
             })
             .collect();
         let out = sim.nodes[i]
@@ -274,6 +275,7 @@ fn hostile_messages_are_refused() {
             actor: Actor::new("b", 5),
             alive: true,
             left: false,
+            published_through: None,
         }],
         now,
     );
@@ -537,17 +539,19 @@ fn a_graceful_leave_releases_its_share_and_loses_no_count() {
     sim.load("api", "k", &[67, 67, 67], 2 * SECOND);
     let left_in = sim.now / SECOND;
     sim.leave(2);
-    // Every admission of the window it left in is counted by the others (its last round
-    // published; the retirement may count a little more).
+    sim.advance(100 * MS);
+    // Every admission of the window it left in is counted by the others, exactly: its final
+    // frame was in when they heard of the leave, so no retirement was charged.
     let truth = sim.per_window()[&left_in];
     for i in 0..2 {
-        let known = sim.nodes[i]
-            .as_ref()
-            .unwrap()
-            .known_total("api", 0, "k", left_in);
-        assert!(
-            known >= truth && known <= 100,
-            "node {i}: {known} of {truth}"
+        let g = sim.nodes[i].as_ref().unwrap();
+        let known = g.known_total("api", 0, "k", left_in);
+        assert_eq!(known, truth, "node {i}");
+        let stats = g.stats();
+        assert_eq!(
+            (stats.final_leaves, stats.retired_ghosts),
+            (1, 0),
+            "node {i}"
         );
     }
     sim.advance(SECOND);

@@ -27,6 +27,7 @@ fn seen(id: ChitchatId, heartbeat: u64, hash: Option<&str>, alive: bool) -> Obse
         heartbeat,
         meta: hash.map(meta),
         leaving: false,
+        published_through: None,
         detector_alive: alive,
     }
 }

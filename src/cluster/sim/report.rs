@@ -263,22 +263,10 @@ pub fn write(path: &Path, threads: usize) -> std::io::Result<String> {
          at one node: *converge* is the time until every node counts it. Then 2 s of 1.5× \
          load on one key limited to 1,000/s, spread evenly with random arrivals: *admitted* in the two whole windows. \
          Exchange is full mesh: every node sends its frame to every other node each round.\n\n\
-         | nodes | keys per round | bytes/node/s | converge | admitted (of 2,000) | worst window (limit 1,000) | simulated in |\n\
-         |---|---|---|---|---|---|---|"
+         {SCALE_HEADER}"
     );
     for p in points.iter().chain(&wide) {
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {} | {:.1}% | {} | {:.1} s |",
-            p.nodes,
-            p.keys,
-            human_bytes(p.bytes_per_node_second),
-            p.converge
-                .map_or("> 3 s".to_owned(), |t| format!("{} ms", t / MS)),
-            100.0 * p.admitted as f64 / p.ideal as f64,
-            p.worst_window,
-            p.took.as_secs_f64()
-        );
+        let _ = writeln!(md, "{}", scale_row(p));
     }
     let first = &points[0];
     let last = &points[points.len() - 1];
@@ -324,6 +312,24 @@ pub fn write(path: &Path, threads: usize) -> std::io::Result<String> {
         summary.line(seeds_took),
         split.line(seeds_took)
     ))
+}
+
+/// The scaling table's header (two lines of Markdown).
+pub const SCALE_HEADER: &str = "| nodes | keys per round | bytes/node/s | converge | admitted (of 2,000) | worst window (limit 1,000) | simulated in |\n|---|---|---|---|---|---|---|";
+
+/// One row of the scaling table.
+pub fn scale_row(p: &ScalePoint) -> String {
+    format!(
+        "| {} | {} | {} | {} | {:.1}% | {} | {:.1} s |",
+        p.nodes,
+        p.keys,
+        human_bytes(p.bytes_per_node_second),
+        p.converge
+            .map_or("> 3 s".to_owned(), |t| format!("{} ms", t / MS)),
+        100.0 * p.admitted as f64 / p.ideal as f64,
+        p.worst_window,
+        p.took.as_secs_f64()
+    )
 }
 
 fn worst_window(o: &Outcome) -> (u64, u64) {
