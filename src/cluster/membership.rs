@@ -99,7 +99,8 @@ const LEAVE_ROUNDS: u32 = 2;
 const KEY_QUIC_ADDR: &str = "gossamer.quic_addr";
 const KEY_VERSION: &str = "gossamer.version";
 const KEY_RULES_HASH: &str = "gossamer.rules_hash";
-/// Present (any value) on a node that is leaving on purpose.
+/// Present on a node that is leaving on purpose: `through N` when its round frames from
+/// round N on carry every admission it made, any other value when it cannot say.
 const KEY_LEAVING: &str = "gossamer.leaving";
 
 /// How to run this node's membership.
@@ -452,7 +453,7 @@ impl Membership {
     /// node dead at once instead of after the failure detector's ~1 s. The marker carries
     /// `published_through`, the round from which this node's frames hold all it admitted.
     pub async fn leave(self, published_through: Option<u64>) -> Result<(), MembershipError> {
-        let marker = published_through.map_or_else(|| "1".to_owned(), |r| r.to_string());
+        let marker = published_through.map_or_else(|| "1".to_owned(), |r| format!("through {r}"));
         let peers = self
             .chitchat
             .with_chitchat(|chitchat| {
@@ -660,7 +661,11 @@ fn observed(id: &ChitchatId, state: &NodeState, detector_alive: bool) -> Observe
         heartbeat: u64::from(state.heartbeat()),
         meta: NodeMeta::from_keys(|key| state.get(key)),
         leaving: state.get(KEY_LEAVING).is_some(),
-        published_through: state.get(KEY_LEAVING).and_then(|v| v.parse().ok()),
+        // "through N"; a bare "1" (or an older node's marker) names no round.
+        published_through: state
+            .get(KEY_LEAVING)
+            .and_then(|v| v.strip_prefix("through "))
+            .and_then(|r| r.parse().ok()),
         detector_alive,
     }
 }
