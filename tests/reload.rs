@@ -314,6 +314,19 @@ scope = "local"
     };
     let gossip = format!("127.0.0.1:{gossip}");
     let mut node = Node::start(&path, &["--gossip", &gossip, "--node-id", "solo"]);
+    let own_hash = |n: &Node| -> Option<String> {
+        let (_, body) = n.request("GET", "/v1/cluster", "")?;
+        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let me = v["members"]
+            .as_array()?
+            .iter()
+            .find(|m| m["self"] == true)?;
+        me["rules_hash"].as_str().map(str::to_owned)
+    };
+    node.until("the node publishes its rules hash", |n| {
+        own_hash(n).is_some()
+    });
+    let started_with = own_hash(&node);
 
     write_config(&path, &config(20, 1));
     node.hangup();
@@ -329,4 +342,8 @@ scope = "local"
     node.hangup();
     node.until("the local rule is reloaded", |n| n.check("l", 4).0 == 200);
     assert_eq!(node.check("g", 1).1["limit"], 2);
+    // Peers compare rules by the published hash: it follows the reload.
+    node.until("the rules hash in gossip follows the reload", |n| {
+        own_hash(n).is_some_and(|h| Some(&h) != started_with.as_ref())
+    });
 }

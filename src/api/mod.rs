@@ -719,6 +719,7 @@ async fn cluster(State(app): State<Arc<App>>) -> Response {
                 "gossip": m.gossip_addr.to_string(),
                 "quic": m.meta.as_ref().map(|meta| meta.quic_addr.to_string()),
                 "version": m.meta.as_ref().map(|meta| meta.version.clone()),
+                "rules_hash": m.meta.as_ref().map(|meta| meta.rules_hash.clone()),
                 "alive": m.alive,
                 "self": m.is_self,
                 "last_seen_ms": m.last_seen.map(|d| d.as_millis() as u64),

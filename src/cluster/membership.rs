@@ -217,6 +217,32 @@ pub struct Membership {
     refresher: JoinHandle<()>,
 }
 
+/// Publishes this node's rules hash in its gossip state (see
+/// [`Membership::rules_hash_publisher`]).
+#[derive(Clone)]
+pub struct RulesHashPublisher {
+    chitchat: Arc<Mutex<Chitchat>>,
+    refresh: Arc<Notify>,
+}
+
+impl fmt::Debug for RulesHashPublisher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("RulesHashPublisher")
+    }
+}
+
+impl RulesHashPublisher {
+    /// Replaces the published rules hash; peers compare it with theirs.
+    pub async fn publish(&self, rules_hash: &str) {
+        self.chitchat
+            .lock()
+            .await
+            .self_node_state()
+            .set(KEY_RULES_HASH, rules_hash);
+        self.refresh.notify_one();
+    }
+}
+
 /// A member's rules hash differs from ours: the refresher logs each one once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct RulesMismatch {
@@ -435,7 +461,16 @@ impl Membership {
         mismatched_rules(&self.members.borrow())
     }
 
-    /// Publishes new meta for this node (for example the rules hash after a reload).
+    /// A handle that publishes a new rules hash for this node (after a reload), usable while
+    /// the membership runs and harmless after it stopped.
+    pub fn rules_hash_publisher(&self) -> RulesHashPublisher {
+        RulesHashPublisher {
+            chitchat: self.chitchat.chitchat(),
+            refresh: self.refresh.clone(),
+        }
+    }
+
+    /// Publishes new meta for this node.
     pub async fn set_meta(&self, meta: NodeMeta) {
         self.chitchat
             .with_chitchat(|chitchat| {

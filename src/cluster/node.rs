@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::global::{Global, MemberInfo, Output, Reject};
-use super::membership::{Member, Membership, MembershipConfig, NodeMeta};
+use super::membership::{Member, Membership, MembershipConfig, NodeMeta, RulesHashPublisher};
 use super::quic::{Inbound, QuicTransport};
 use super::tls::Security;
 use crate::clock::Clock;
@@ -64,6 +64,7 @@ pub struct Cluster {
     addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
     counts: Arc<Mutex<Counts>>,
     tasks: Vec<JoinHandle<()>>,
+    rules_hash: RulesHashPublisher,
 }
 
 impl Cluster {
@@ -153,12 +154,18 @@ impl Cluster {
         Ok(Cluster {
             global,
             view: membership.watch(),
+            rules_hash: membership.rules_hash_publisher(),
             membership: Mutex::new(Some(membership)),
             transport,
             addrs,
             counts,
             tasks,
         })
+    }
+
+    /// Publishes a new hash of the rules (after a reload), which peers compare with theirs.
+    pub async fn publish_rules_hash(&self, rules_hash: &str) {
+        self.rules_hash.publish(rules_hash).await;
     }
 
     /// Whether `/readyz` may say 200 (and global rules take leases): the node has found a

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tracing::{error, info, warn};
 
 use crate::api::App;
+use crate::cluster::node::rules_hash;
 use crate::config::{Config, Overrides};
 
 /// How often the config file is read to see whether it changed.
@@ -80,7 +81,7 @@ pub async fn watch(app: Arc<App>, source: Option<ConfigSource>, running: Config,
         }
         let trigger = if signalled { "SIGHUP" } else { "file changed" };
         seen = now;
-        reload(&app, &source, &running, trigger);
+        reload(&app, &source, &running, trigger).await;
     }
 }
 
@@ -102,7 +103,7 @@ async fn read(source: &ConfigSource) -> Seen {
 }
 
 /// Reads, validates and applies the config once; logs and counts the result.
-pub fn reload(app: &App, source: &ConfigSource, running: &Config, trigger: &str) {
+pub async fn reload(app: &App, source: &ConfigSource, running: &Config, trigger: &str) {
     let file = source.path.display().to_string();
     let config = match Config::load(Some(&source.path), &source.overrides) {
         Ok(config) => config,
@@ -125,15 +126,22 @@ pub fn reload(app: &App, source: &ConfigSource, running: &Config, trigger: &str)
             "a rule's max_wait is longer than any at start: connections are still cut after request_timeout plus the longest max_wait at start, until a restart"
         );
     }
+    let hash = rules_hash(&config);
     match app.reload(config.rules) {
-        Ok(changes) => info!(
-            %trigger, %file,
-            kept = ?changes.kept,
-            changed = ?changes.changed,
-            added = ?changes.added,
-            removed = ?changes.removed,
-            "config reloaded (changed rules start with fresh counts)"
-        ),
+        Ok(changes) => {
+            info!(
+                %trigger, %file,
+                kept = ?changes.kept,
+                changed = ?changes.changed,
+                added = ?changes.added,
+                removed = ?changes.removed,
+                "config reloaded (changed rules start with fresh counts)"
+            );
+            // Peers compare rules by this hash: publish the one now in force.
+            if let Some(cluster) = app.cluster.get() {
+                cluster.publish_rules_hash(&hash).await;
+            }
+        }
         Err(e) => error!(%trigger, %file, "config reload refused: {e}"),
     }
 }
