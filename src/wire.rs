@@ -21,8 +21,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::counter::{Actor, Delta, Digest};
 
-/// The version byte this node writes and the only one it reads.
-pub const WIRE_VERSION: u8 = 2;
+/// The version byte this node writes and the only one it reads. Version 3: a limit report
+/// carries the room the sender holds per slot (`held`) instead of a gap credit.
+pub const WIRE_VERSION: u8 = 3;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
 /// takes ~40 bytes, so a frame holds ~25,000 of them; a digest of one rule takes at most
@@ -82,7 +83,7 @@ pub struct RoundFrame {
     /// nodes whose views differ do not lease in that round.
     pub view: u64,
     /// `None`: `keys` lists every key the sender is active on. `Some(r)`: only the keys whose
-    /// counts, demand or credit changed in rounds `r..=round`, so a receiver that holds the
+    /// counts, demand or holdings changed in rounds `r..=round`, so a receiver that holds the
     /// sender's complete state through round `r - 1` is complete through `round` (a frame or
     /// two lost in between cost nothing).
     pub since: Option<u64>,
@@ -94,7 +95,7 @@ pub struct RoundFrame {
     /// Peers whose reports the sender is missing (a frame lost beyond what `since` covers):
     /// each should send a full frame next round.
     pub want_full: Vec<String>,
-    /// Per key: demand, own counts and gap credit.
+    /// Per key: demand, own counts and holdings.
     pub keys: Vec<KeyReport>,
 }
 
@@ -116,8 +117,10 @@ pub struct KeyReport {
 pub struct LimitReport {
     /// The sender's own absolute admitted count in each open slot, `(slot, count)`.
     pub counts: Vec<(u64, u64)>,
-    /// The gap credit the sender holds until the round's instant: `(slot, units)`.
-    pub credit: Option<(u64, u64)>,
+    /// The room the sender holds, `(slot, units)` per slot: units it may still admit in
+    /// that slot, which no other node is allotted until the sender publishes it returned
+    /// (design §3.3). Slots in increasing order.
+    pub held: Vec<(u64, u64)>,
 }
 
 /// Why a frame could not be encoded or decoded.
@@ -215,9 +218,9 @@ mod tests {
     fn round_frame() -> impl Strategy<Value = RoundFrame> {
         let limit = (
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..3),
-            proptest::option::of((any::<u64>(), any::<u64>())),
+            proptest::collection::vec((any::<u64>(), any::<u64>()), 0..3),
         )
-            .prop_map(|(counts, credit)| LimitReport { counts, credit });
+            .prop_map(|(counts, held)| LimitReport { counts, held });
         let key = (
             "[a-z]{0,8}",
             any::<String>(),
@@ -303,12 +306,12 @@ mod tests {
     #[test]
     fn another_version_is_refused_with_a_clear_error() {
         let mut frame = encode(&sample()).unwrap();
-        frame[0] = 1;
+        frame[0] = 2;
         let err = decode(&frame).unwrap_err();
-        assert!(matches!(err, WireError::Version(1)));
+        assert!(matches!(err, WireError::Version(2)));
         assert_eq!(
             err.to_string(),
-            "frame version 1 is not supported (this node speaks version 2)"
+            "frame version 2 is not supported (this node speaks version 3)"
         );
     }
 

@@ -281,26 +281,26 @@ struct GRule {
     store: Store<GKey>,
 }
 
-/// A key's lease of one slot.
+/// A key's lease of one slot: room this node holds. It grows only by a grant at a
+/// consistent instant, and only this node shrinks it, by spending or by returning it at a
+/// boundary (design §3.3.1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Grant {
     slot: u64,
-    /// Units this node may admit in `slot` until the next instant.
+    /// Units this node may admit in `slot`, all told.
     allowance: u64,
     /// Of which admitted so far.
     used: u64,
-    /// The part of `allowance` that may also be spent in the gap after the next boundary.
-    credit: u64,
-    /// In the gap: what may still be spent before the instant (published as credit).
-    gap: Option<u64>,
+    /// What this node should hold of the slot's room, as of the last instant that allotted
+    /// it: a boundary returns what it holds beyond this.
+    target: u64,
     /// A starter grant: valid only until the next boundary.
     starter: bool,
 }
 
 impl Grant {
     fn spendable(&self) -> u64 {
-        let left = self.allowance.saturating_sub(self.used);
-        self.gap.map_or(left, |g| g.min(left))
+        self.allowance.saturating_sub(self.used)
     }
 }
 
@@ -313,8 +313,8 @@ struct WState {
     others: Vec<(u64, u64)>,
     /// Leases of the current slot and of the next one.
     grants: Vec<Grant>,
-    /// The gap credit published at the last boundary: `(slot, units)`.
-    published_credit: Option<(u64, u64)>,
+    /// The room held as published at the last boundary, `(slot, units)`.
+    published_held: Vec<(u64, u64)>,
     /// What the last fully consistent instant allotted, for ghosts during a partition.
     hold: Option<Box<HoldRecord>>,
     /// The (current, next) slots the grants were computed for.
@@ -375,8 +375,8 @@ enum LState {
     Bucket(BState),
 }
 
-/// What a frame says of one key: demand, and per limit the gap credit `(slot, units)`.
-type Summary = (u64, Vec<Option<(u64, u64)>>);
+/// What a frame says of one key: demand, and per limit the room held, `(slot, units)`.
+type Summary = (u64, Vec<Vec<(u64, u64)>>);
 
 /// One key of a global rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -442,12 +442,12 @@ impl GKey {
             && self
                 .sent
                 .as_ref()
-                .is_none_or(|(d, c)| *d == 0 && c.iter().all(Option::is_none))
+                .is_none_or(|(d, h)| *d == 0 && h.iter().all(Vec::is_empty))
             && self.limits.iter().zip(&rule.limits).all(|(s, l)| match s {
                 LState::Window(w) => {
                     w.own.is_empty()
                         && w.others.iter().all(|(_, n)| *n == 0)
-                        && w.grants.iter().all(|g| g.used == 0)
+                        && w.grants.iter().all(|g| g.used == 0 && g.allowance == 0)
                 }
                 LState::Bucket(b) => b.level_at(&l.limit, now) >= b.cap(&l.limit),
             })
@@ -459,7 +459,8 @@ impl GKey {
 struct Phase {
     /// Between an instant and the next boundary.
     open: bool,
-    /// The last instant was consistent.
+    /// The last instant was consistent, with every participant reachable (starters are
+    /// granted only then).
     consistent: bool,
 }
 
@@ -584,6 +585,14 @@ struct RoundState {
     view_changed: bool,
     /// The last instant, if this node was consistent at it.
     last_consistent: Option<u64>,
+    /// While some participant is suspected: the instant the set of suspects last changed.
+    /// Slots that could be allotted before it get no more room until it heals.
+    hold_from: Option<u64>,
+    /// Whether boundaries hand back room held beyond the last targets (not while holding
+    /// for a partition).
+    returns: bool,
+    /// The peers that took part in the last instant's allotment.
+    participated: Vec<Actor>,
     /// A peer asked for a full frame.
     full_requested: bool,
     /// Per limit label, the floor last passed to `Counters::forget_before`.
@@ -683,6 +692,9 @@ impl Global {
                 stats: Stats::default(),
                 view_changed: true,
                 last_consistent: None,
+                hold_from: None,
+                returns: true,
+                participated: Vec::new(),
                 full_requested: false,
                 floors: HashMap::new(),
             }),
@@ -1225,10 +1237,10 @@ impl Global {
                 }
                 k.demand = smooth(k.demand, k.arrivals);
                 k.arrivals = 0;
-                let mut credits = Vec::with_capacity(r.limits.len());
+                let mut helds = Vec::with_capacity(r.limits.len());
                 for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
                     let LState::Window(w) = s else {
-                        credits.push(None);
+                        helds.push(Vec::new());
                         continue;
                     };
                     let cur = l.slot(boundary_time);
@@ -1236,19 +1248,24 @@ impl Global {
                     w.own.retain(|(slot, _)| *slot >= oldest);
                     w.others.retain(|(slot, _)| *slot >= oldest);
                     w.grants.retain(|g| g.slot >= cur);
-                    let mut credit = None;
+                    let mut held = Vec::new();
                     for g in &mut w.grants {
                         if g.starter {
                             g.allowance = g.used;
                             g.starter = false;
                         }
-                        let left = g.credit.min(g.allowance.saturating_sub(g.used));
-                        g.gap = Some(left);
-                        if g.slot == cur && left > 0 {
-                            credit = Some((cur, left));
+                        // Hand back what the last allotment no longer wants here (not while
+                        // holding for a partition: nobody could be allotted it).
+                        let mut left = g.allowance.saturating_sub(g.used);
+                        if st.returns {
+                            left = left.min(g.target);
+                        }
+                        g.allowance = g.used.saturating_add(left);
+                        if left > 0 {
+                            held.push((g.slot, left));
                         }
                     }
-                    w.published_credit = credit;
+                    w.published_held = held.clone();
                     if k.counts_dirty {
                         for &(slot, count) in &w.own {
                             let id = SlotId::new(l.label.as_str(), key, slot);
@@ -1258,13 +1275,13 @@ impl Global {
                             }
                         }
                     }
-                    credits.push(credit);
+                    helds.push(held);
                 }
                 let same = k
                     .sent
                     .as_ref()
-                    .is_some_and(|(d, c)| *d == k.demand && *c == credits);
-                let idle = k.demand == 0 && credits.iter().all(Option::is_none);
+                    .is_some_and(|(d, h)| *d == k.demand && *h == helds);
+                let idle = k.demand == 0 && helds.iter().all(Vec::is_empty);
                 if k.counts_dirty || !(same || (idle && k.sent.is_none())) {
                     k.changed_in = n;
                     k.inputs_changed = true;
@@ -1273,11 +1290,11 @@ impl Global {
                     let limits = k
                         .limits
                         .iter()
-                        .zip(&credits)
-                        .map(|(s, &credit)| match s {
+                        .zip(&helds)
+                        .map(|(s, held)| match s {
                             LState::Window(w) => LimitReport {
                                 counts: w.own.clone(),
-                                credit,
+                                held: held.clone(),
                             },
                             LState::Bucket(_) => LimitReport::default(),
                         })
@@ -1293,7 +1310,7 @@ impl Global {
                 k.sent = if idle {
                     None
                 } else {
-                    Some((k.demand, credits))
+                    Some((k.demand, helds))
                 };
                 self.keep(r, k, n, now)
             });
@@ -1404,7 +1421,7 @@ impl Global {
                 stats.reports_dropped += 1;
                 continue;
             }
-            let mut credits = Vec::with_capacity(rule.limits.len());
+            let mut helds = Vec::with_capacity(rule.limits.len());
             let mut bad = false;
             for (l, lr) in rule.limits.iter().zip(&report.limits) {
                 let cur = l.slot(now);
@@ -1421,12 +1438,22 @@ impl Global {
                     );
                     stats.own_dots_refused += counters.refused() - before;
                 }
-                credits.push(lr.credit.filter(|&(_, c)| c <= l.limit.limit()));
+                // Room held: at most the limit, in the current or the next slot (a closed
+                // slot's holding is moot).
+                let mut held = Vec::with_capacity(lr.held.len());
+                for &(slot, units) in &lr.held {
+                    if slot > cur + 1 || units > l.limit.limit() {
+                        bad = true;
+                    } else if slot >= cur && units > 0 {
+                        held.push((slot, units));
+                    }
+                }
+                helds.push(held);
             }
             if bad {
                 stats.reports_dropped += 1;
             }
-            let idle = report.demand == 0 && credits.iter().all(Option::is_none);
+            let idle = report.demand == 0 && helds.iter().all(Vec::is_empty);
             if rule
                 .store
                 .update(
@@ -1448,7 +1475,7 @@ impl Global {
             if idle {
                 p.reports[ri].remove(&report.key);
             } else {
-                p.reports[ri].insert(report.key, (report.demand, credits));
+                p.reports[ri].insert(report.key, (report.demand, helds));
             }
         }
     }
@@ -1487,8 +1514,29 @@ impl Global {
             st.view_changed = true;
         }
         let all_reachable = st.peers.values().all(|p| !p.suspected);
+        // A side holds from the instant its set of suspects last changed: a slot its
+        // members could have been allotted before then, by a set that included peers now
+        // out of reach, gets no more room (design §5).
+        if all_reachable {
+            st.hold_from = None;
+        } else if suspicion_changed || st.hold_from.is_none() {
+            st.hold_from = Some(n);
+        }
+        st.returns = all_reachable;
         let participants = 1 + st.peers.values().filter(|p| self.participates(p)).count() as u64;
         self.participants.store(participants, Ordering::Relaxed);
+        // Under `split`, a side allots the whole room among its own members; when a member
+        // comes back, what the side holds is given up, since the other side holds the same
+        // room (design §5).
+        let now_in: Vec<Actor> = st
+            .peers
+            .values()
+            .filter(|p| self.participates(p))
+            .map(|p| p.actor.clone())
+            .collect();
+        let regrown = self.params.on_partition == OnPartition::Split
+            && now_in.iter().any(|a| !st.participated.contains(a));
+        st.participated = now_in;
         if consistent {
             st.stats.consistent_rounds += 1;
         } else {
@@ -1526,6 +1574,15 @@ impl Global {
             && st_ref.my_views.get(&n.wrapping_sub(1)) == st_ref.my_views.get(&n);
         for (ri, r) in self.rules.iter().enumerate() {
             r.store.visit(|key, k| {
+                if regrown {
+                    for s in k.limits.iter_mut() {
+                        if let LState::Window(w) = s {
+                            for g in &mut w.grants {
+                                g.allowance = g.used;
+                            }
+                        }
+                    }
+                }
                 let was_known = k.known;
                 k.known = true;
                 let changed = std::mem::replace(&mut k.inputs_changed, false);
@@ -1544,11 +1601,14 @@ impl Global {
                     scratch.reports.push(report);
                 }
                 let demands = &scratch.demands;
+                // A key nobody uses (no counts, demand or holdings, so no room is held) is
+                // not *known*: its next check may take a starter.
+                let mut idle = consistent;
                 for (li, (l, s)) in r.limits.iter().zip(k.limits.iter_mut()).enumerate() {
                     match s {
                         LState::Window(w) => {
                             if consistent {
-                                self.lease(
+                                idle &= !self.lease(
                                     st_ref,
                                     &parts,
                                     &scratch.reports,
@@ -1561,13 +1621,7 @@ impl Global {
                                     all_reachable,
                                 );
                             } else {
-                                // Degraded: only the published gap credit remains.
-                                for g in &mut w.grants {
-                                    let left = g.gap.unwrap_or(0);
-                                    g.allowance = g.used.saturating_add(left);
-                                    g.credit = left;
-                                    g.gap = None;
-                                }
+                                // Degraded: no grant; what is held stays held.
                                 self.copy_others(st_ref, l, key, w, now);
                             }
                         }
@@ -1578,8 +1632,12 @@ impl Global {
                                 b.level = level.min(b.cap(&l.limit));
                                 b.at = b.at.max(now);
                             }
+                            idle = false;
                         }
                     }
+                }
+                if idle {
+                    k.known = false;
                 }
                 true
             });
@@ -1607,7 +1665,7 @@ impl Global {
         st.instant = Some(n);
         self.set_phase(Phase {
             open: true,
-            consistent,
+            consistent: consistent && all_reachable,
         });
         self.instants.fetch_add(1, Ordering::Release);
     }
@@ -1646,10 +1704,12 @@ impl Global {
                     let Some(rec) = w.hold.as_deref() else {
                         continue;
                     };
-                    let credit = report
-                        .and_then(|(_, c)| c.get(li).copied().flatten())
-                        .map_or(0, |(_, units)| units);
-                    let unpublished = demand.saturating_mul(2 * rounds).saturating_add(credit);
+                    let held_in = |x: u64| {
+                        report
+                            .and_then(|(_, h)| h.get(li))
+                            .and_then(|h| h.iter().find(|(s, _)| *s == x))
+                            .map_or(0, |(_, units)| *units)
+                    };
                     let c = l.limit.limit();
                     let cur = l.slot(now);
                     let mut charged = false;
@@ -1662,6 +1722,8 @@ impl Global {
                         };
                         let id = SlotId::new(l.label.as_str(), key, x);
                         let known = counters.count(&id, &old.actor);
+                        let unpublished =
+                            demand.saturating_mul(2 * rounds).saturating_add(held_in(x));
                         let ghost = held.min(known.saturating_add(unpublished));
                         if ghost > known && counters.apply(id, Dot::new(old.actor.clone(), ghost)) {
                             charged = true;
@@ -1689,7 +1751,11 @@ impl Global {
         copy_others(&slots, l, w, now);
     }
 
-    /// A consistent instant's lease for one windowed limit of one key (design §3.3.1).
+    /// A consistent instant's allotment for one windowed limit of one key (design §3.3.1).
+    /// For each slot a lease can touch, the room left (`C` less the budget) is divided into
+    /// *targets* by demand weight; a participant below its target is granted the difference
+    /// out of the room nobody holds (scaled down if that is short), one above it returns
+    /// the excess at its next boundary. Every consistent peer computes the same grants.
     /// `parts`, `reports` and `demands` are aligned: this node first, then the participating
     /// peers in node order.
     #[allow(clippy::too_many_arguments)]
@@ -1705,7 +1771,7 @@ impl Global {
         now: Nanos,
         boundary_next: Nanos,
         all_reachable: bool,
-    ) {
+    ) -> bool {
         let c = l.limit.limit();
         let cur = l.slot(now);
         let next = l.slot(boundary_next);
@@ -1743,117 +1809,151 @@ impl Global {
             }
             total
         };
-        // Published gap credits for the current slot (unreachable members' are in ghosts).
-        let my_published = w.published_credit;
-        let credit_of = |i: usize| -> u64 {
-            let published = match parts[i].peer {
-                None => my_published,
-                Some(_) => reports[i].and_then(|(_, credits)| credits.get(li).copied().flatten()),
-            };
-            published.filter(|(s, _)| *s == cur).map_or(0, |(_, c)| c)
-        };
         let reachable: Vec<usize> = (0..parts.len()).filter(|&i| parts[i].reachable).collect();
-        let gap_credits: u64 = reachable.iter().map(|&i| credit_of(i)).sum();
-        let a = l.budget(cur, now, count);
-        let room = c.saturating_sub(a).saturating_sub(gap_credits);
-        // Next gap's credits: from this slot's room, or the next slot's if the slot turns.
-        let credit_room = if next == cur {
-            room / 4
-        } else {
-            let upper = |x: u64| {
-                if x == cur {
-                    count(x).saturating_add(gap_credits).saturating_add(room)
-                } else {
-                    count(x)
-                }
-            };
-            c.saturating_sub(l.budget(next, boundary_next, upper)) / 4
-        };
-        let in_use = u64::from(a > 0 || demands.iter().any(|&d| d > 0));
-        let mut credits: Vec<u64> = reachable
+        let held_lists: Vec<&[(u64, u64)]> = reachable
             .iter()
-            .map(|&i| {
-                // At least one unit on a key in use, so a node can serve a sparse key's next
-                // check from its credit in the gap or in a round where it cannot lease. (An
-                // idle key gets none, so it can be forgotten; its next check is a starter.)
-                let want = u128::from(demands[i]) * 2 * u128::from(self.params.settle);
-                u64::try_from(want.div_ceil(u128::from(self.params.round)))
-                    .unwrap_or(u64::MAX)
-                    .max(in_use)
+            .map(|&i| match parts[i].peer {
+                None => w.published_held.as_slice(),
+                Some(_) => reports[i]
+                    .and_then(|(_, helds)| helds.get(li))
+                    .map_or(&[][..], Vec::as_slice),
             })
             .collect();
-        let wanted: u64 = credits.iter().copied().fold(0, u64::saturating_add);
-        if wanted > credit_room {
-            for cr in &mut credits {
-                *cr = u64::try_from(u128::from(*cr) * u128::from(credit_room) / u128::from(wanted))
-                    .unwrap_or(0);
-            }
-        }
-        let credit_total: u64 = credits.iter().sum();
-        let pool = if next == cur {
-            room - credit_total.min(room)
-        } else {
-            room
-        };
-        // Leases by demand weight among the reachable members.
-        let weights = lease_weights(&reachable.iter().map(|&i| demands[i]).collect::<Vec<_>>());
-        let den: u128 = weights.iter().sum();
-        let mut leases: Vec<u64> = weights
-            .iter()
-            .map(|&wt| u64::try_from(u128::from(pool) * wt / den.max(1)).unwrap_or(0))
-            .collect();
-        let mut left = pool - leases.iter().sum::<u64>().min(pool);
-        if left > 0 {
-            let mut order: Vec<usize> = (0..leases.len()).collect();
-            order.sort_by_key(|&j| {
-                let mut h = StableHasher::new();
-                h.str(&l.label);
-                h.str(key);
-                h.u64(cur);
-                h.str(parts[reachable[j]].node);
-                h.finish()
-            });
-            for j in order.into_iter().cycle() {
-                if left == 0 {
-                    break;
-                }
-                leases[j] += 1;
-                left -= 1;
-            }
-        }
-        // This node is parts[0], so first among the reachable.
-        let (my_lease, my_credit) = (leases[0], credits[0]);
-        let grant = |slot, allowance, credit| Grant {
-            slot,
-            allowance,
-            used: 0,
-            credit,
-            gap: None,
-            starter: false,
-        };
-        w.grants.clear();
-        w.leased_for = Some((cur, next));
-        if next == cur {
-            w.grants.push(grant(cur, my_lease + my_credit, my_credit));
-        } else {
-            w.grants.push(grant(cur, my_lease, 0));
-            w.grants.push(grant(next, my_credit, my_credit));
-        }
-        copy_others(&slots, l, w, now);
-        if all_reachable {
-            let claims = reachable
+        let held_in = |j: usize, x: u64| -> u64 {
+            held_lists[j]
                 .iter()
-                .enumerate()
-                .map(|(j, &i)| {
-                    slots
-                        .count(cur, parts[i].actor)
-                        .saturating_add(credit_of(i))
-                        .saturating_add(leases[j])
-                        .saturating_add(if next == cur { credits[j] } else { 0 })
-                })
+                .find(|(s, _)| *s == x)
+                .map_or(0, |(_, u)| *u)
+        };
+        let weights = lease_weights(&reachable.iter().map(|&i| demands[i]).collect::<Vec<_>>());
+        let den: u128 = weights.iter().sum::<u128>().max(1);
+        let in_demand = demands.iter().any(|&d| d > 0);
+        // This instant's grants and targets for this node, per slot.
+        let mut mine: Vec<(u64, u64, u64)> = Vec::with_capacity(2);
+        let mut claims = None;
+        // The current slot's holdings and grants, for the next slot's budget.
+        let mut cur_held_and_granted = 0u64;
+        // Whether anyone uses the key: counts, demand or holdings in a slot allotted here.
+        let mut in_use = in_demand;
+        let hold_from = st.hold_from;
+        for x in [cur, next] {
+            if x == cur && !mine.is_empty() {
+                break;
+            }
+            // Holding for a partition: a slot that could have been allotted before this
+            // side began to hold gets nothing more (the other side may have allotted its
+            // room); it is served from what is held. Later slots are split evenly.
+            let first_instant = (x * l.slot_len / self.params.round).saturating_sub(1);
+            if hold_from.is_some_and(|h| first_instant <= h) {
+                mine.push((x, 0, u64::MAX));
+                continue;
+            }
+            let helds: Vec<u64> = (0..reachable.len()).map(|j| held_in(j, x)).collect();
+            let held_total: u64 = helds.iter().copied().fold(0, u64::saturating_add);
+            let a = if x == cur {
+                l.budget(cur, now, count)
+            } else {
+                let upper = |y: u64| {
+                    if y == cur {
+                        count(y).saturating_add(cur_held_and_granted)
+                    } else {
+                        count(y)
+                    }
+                };
+                l.budget(x, boundary_next, upper)
+            };
+            let total = c.saturating_sub(a);
+            let free = total.saturating_sub(held_total);
+            in_use |= a > 0 || held_total > 0;
+            // Targets: the whole room by weight, while the key is in use (an idle key's
+            // holdings all go back, so it can be forgotten).
+            let mut targets: Vec<u64> = if a > 0 || in_demand {
+                weights
+                    .iter()
+                    .map(|&wt| u64::try_from(u128::from(total) * wt / den).unwrap_or(0))
+                    .collect()
+            } else {
+                vec![0; reachable.len()]
+            };
+            let mut left = if a > 0 || in_demand {
+                total - targets.iter().sum::<u64>().min(total)
+            } else {
+                0
+            };
+            if left > 0 {
+                let mut order: Vec<usize> = (0..targets.len()).collect();
+                order.sort_by_key(|&j| {
+                    let mut h = StableHasher::new();
+                    h.str(&l.label);
+                    h.str(key);
+                    h.u64(x);
+                    h.str(parts[reachable[j]].node);
+                    h.finish()
+                });
+                for j in order.into_iter().cycle() {
+                    if left == 0 {
+                        break;
+                    }
+                    targets[j] += 1;
+                    left -= 1;
+                }
+            }
+            let mut grants: Vec<u64> = targets
+                .iter()
+                .zip(&helds)
+                .map(|(t, h)| t.saturating_sub(*h))
                 .collect();
+            let wanted: u64 = grants.iter().copied().fold(0, u64::saturating_add);
+            if wanted > free {
+                for g in &mut grants {
+                    *g = u64::try_from(u128::from(*g) * u128::from(free) / u128::from(wanted))
+                        .unwrap_or(0);
+                }
+            }
+            let granted: u64 = grants.iter().sum();
+            if x == cur {
+                cur_held_and_granted = held_total.saturating_add(granted);
+                if all_reachable {
+                    claims = Some(
+                        reachable
+                            .iter()
+                            .enumerate()
+                            .map(|(j, &i)| {
+                                slots
+                                    .count(cur, parts[i].actor)
+                                    .saturating_add(helds[j])
+                                    .saturating_add(grants[j])
+                            })
+                            .collect(),
+                    );
+                }
+            }
+            // This node is parts[0], so first among the reachable.
+            mine.push((x, grants[0], targets[0]));
+        }
+        for (x, grant, target) in mine {
+            match w.grants.iter_mut().find(|g| g.slot == x && !g.starter) {
+                Some(g) => {
+                    g.allowance = g.allowance.saturating_add(grant);
+                    g.target = target;
+                }
+                None if grant > 0 => w.grants.push(Grant {
+                    slot: x,
+                    allowance: grant,
+                    used: 0,
+                    target,
+                    starter: false,
+                }),
+                None => {}
+            }
+        }
+        w.grants.sort_unstable_by_key(|g| g.slot);
+        w.leased_for = Some((cur, next));
+        copy_others(&slots, l, w, now);
+        if let Some(claims) = claims {
             w.hold = Some(Box::new(HoldRecord { slot: cur, claims }));
         }
+        in_use
     }
 
     /// Counts of what the round protocol did.
@@ -1912,7 +2012,7 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
         && k.sent.is_none()
         && k.changed_in + REPEAT <= n
         && k.limits.iter().all(|s| match s {
-            LState::Window(w) => w.grants.iter().all(|g| g.credit == 0 && !g.starter),
+            LState::Window(w) => w.grants.iter().all(|g| g.spendable() == 0 && !g.starter),
             LState::Bucket(_) => true,
         });
     if !quiet {
@@ -1925,20 +2025,17 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
             w.own.retain(|(slot, _)| *slot >= oldest);
             w.others.retain(|(slot, _)| *slot >= oldest);
             w.grants.retain(|g| g.slot >= cur);
-            for g in &mut w.grants {
-                g.gap = Some(0);
-            }
-            w.published_credit = None;
+            w.published_held.clear();
         }
     }
     true
 }
 
-/// Renews a key's leases unchanged for another round, if its allocation would come out the
-/// same: every windowed limit was leased for the same (current, next) slots and reads no
-/// time-dependent budget (a sliding counter's previous window fades, so it is recomputed).
-/// Buckets keep their share. Returns false (and changes nothing) when it must be recomputed.
-fn renew(rule: &GRule, k: &mut GKey, now: Nanos, boundary_next: Nanos) -> bool {
+/// Whether a key's allotment would grant nothing new: every windowed limit was allotted for
+/// the same (current, next) slots from the same inputs (the caller checks those) and reads
+/// no time-dependent budget (a sliding counter's previous window fades, so it is
+/// recomputed). Holdings stay as they are; buckets keep their share.
+fn renew(rule: &GRule, k: &GKey, now: Nanos, boundary_next: Nanos) -> bool {
     let same = rule
         .limits
         .iter()
@@ -1950,18 +2047,7 @@ fn renew(rule: &GRule, k: &mut GKey, now: Nanos, boundary_next: Nanos) -> bool {
             }
             LState::Bucket(_) => true,
         });
-    if !same {
-        return false;
-    }
-    for s in k.limits.iter_mut() {
-        if let LState::Window(w) = s {
-            for g in &mut w.grants {
-                g.used = 0;
-                g.gap = None;
-            }
-        }
-    }
-    true
+    same
 }
 
 /// Copies everyone else's counts in the slots a decision reads into the key (for
@@ -2025,20 +2111,14 @@ fn starter(l: &GLimit, participants: u64) -> u64 {
 fn commit_window(l: &GLimit, w: &mut WState, cost: u64, now: Nanos, participants: u64) {
     let s = l.slot(now);
     match w.grants.iter_mut().find(|g| g.slot == s) {
-        Some(g) => {
-            g.used = g.used.saturating_add(cost);
-            if let Some(gap) = &mut g.gap {
-                *gap = gap.saturating_sub(cost);
-            }
-        }
+        Some(g) => g.used = g.used.saturating_add(cost),
         None => {
             // A starter (the only way to admit without a grant).
             w.grants.push(Grant {
                 slot: s,
                 allowance: starter(l, participants),
                 used: cost,
-                credit: 0,
-                gap: None,
+                target: 0,
                 starter: true,
             });
         }

@@ -335,7 +335,7 @@ fn hostile_messages_are_refused() {
                 demand: 1,
                 limits: vec![LimitReport {
                     counts: vec![(now / SECOND, u64::MAX)],
-                    credit: None,
+                    held: vec![],
                 }],
             },
             KeyReport {
@@ -409,9 +409,9 @@ mod hostile {
         ];
         let limit = (
             proptest::collection::vec((slot.clone(), any::<u64>()), 0..3),
-            proptest::option::of((slot, any::<u64>())),
+            proptest::collection::vec((slot, any::<u64>()), 0..3),
         )
-            .prop_map(|(counts, credit)| LimitReport { counts, credit });
+            .prop_map(|(counts, held)| LimitReport { counts, held });
         (
             prop_oneof![Just("w"), Just("c"), Just("l"), Just("t"), Just("nope")],
             prop_oneof![Just("k".to_owned()), any::<String>()],
@@ -585,9 +585,10 @@ fn a_restarted_node_pulls_twenty_thousand_keys_in_parts() {
     let g = sim.nodes[2].as_ref().unwrap();
     assert!(g.pulled());
     for k in [0, 7, 19_999] {
-        // The admission, plus at most the gap credit (1) of node 2's retired incarnation.
+        // The admission, plus at most what node 2's retired incarnation held (an idle
+        // node's floor share of the room: 1 or 2 units).
         let known = g.known_total("api", 0, &format!("k{k}"), w);
-        assert!((1..=2).contains(&known), "key {k}: {known}");
+        assert!((1..=3).contains(&known), "key {k}: {known}");
     }
     assert_eq!(sim.rejects, 0);
 }
