@@ -400,20 +400,12 @@ enum Fault {
     OneWay,
 }
 
-/// Over-admission per window the partition scenarios tolerate when not `strict` (their
-/// `strict` twins, ignored, assert the limit exactly and fail): sides that disagree on the
-/// last all-reachable round n₀ over-admit (design §5 allows "one round's leases, once").
-/// This suite measured up to 13 per 300
-/// (4.3%); 10% still tells `hold` from `split`, which would let a cut-off side take a whole
-/// window on its own.
-const SLACK: u64 = W_LIMIT / 10;
-
 /// 3 and 4: under 2x load, node-2 is cut off for 3 s, starting 100 ms into a window; every
-/// window stays within the limit (`on_partition = "hold"`; plus [`SLACK`] unless
-/// `strict`); after the heal every node agrees on the tracer's `remaining`, which equals the
-/// limit minus every admission the test saw.
-async fn partition(mut lab: Lab, tag: &str, fault: Fault, strict: bool) {
-    let slack = if strict { 0 } else { SLACK };
+/// window stays within the limit exactly (`on_partition = "hold"`); after the heal every node
+/// agrees on the tracer's `remaining`, which equals the limit minus every admission the test
+/// saw.
+async fn partition(mut lab: Lab, tag: &str, fault: Fault) {
+    let slack = 0;
     away_from_day_edge(&lab, Duration::from_secs(40)).await;
     wait_formed(tag, &lab, Duration::from_secs(15)).await;
     let addrs = lab.addrs();
@@ -499,38 +491,24 @@ async fn partition(mut lab: Lab, tag: &str, fault: Fault, strict: bool) {
     lab.finish();
 }
 
-/// 3. Link cut and heal (both directions), within the limit plus [`SLACK`].
+/// 3. Link cut and heal (both directions), held to the limit exactly, as `hold` promises
+///    (design §5). (Before holdings, the sides over-admitted up to 303/300 when they began
+///    to suspect each other in different rounds.)
 #[test]
 fn link_cut_and_heal() {
     scenario("link-cut", 3, Duration::from_secs(60), |lab| {
-        partition(lab, "link-cut", Fault::LinkDown, false)
+        partition(lab, "link-cut", Fault::LinkDown)
     });
 }
 
-/// 3b. The same, held to the limit exactly, as `hold` promises (design §5).
-#[test]
-#[ignore = "known gap (design.md §10): under hold a two-way cut sometimes over-admits (303/300 seen) when the sides suspect each other in different rounds"]
-fn link_cut_holds_the_limit() {
-    scenario("link-cut-strict", 3, Duration::from_secs(60), |lab| {
-        partition(lab, "link-cut-strict", Fault::LinkDown, true)
-    });
-}
-
-/// 4. One-way cut (the victim hears nobody, everybody hears the victim) and heal, within the
-///    limit plus [`SLACK`].
+/// 4. One-way cut (the victim hears nobody, everybody hears the victim) and heal, held to the
+///    limit exactly (design §5). (Before holdings, 302-313/300: the cut-off node suspected
+///    its peers rounds before they suspected it, and kept the lease it held at its own n0
+///    while they re-divided it.)
 #[test]
 fn one_way_cut_and_heal() {
     scenario("one-way", 3, Duration::from_secs(60), |lab| {
-        partition(lab, "one-way", Fault::OneWay, false)
-    });
-}
-
-/// 4b. The same, held to the limit exactly, as `hold` promises (design §5).
-#[test]
-#[ignore = "known gap (design.md §10): under hold a one-way cut over-admits (302-313/300): the cut-off node suspects its peers rounds before they suspect it, and keeps the lease it held at its own n0"]
-fn one_way_cut_holds_the_limit() {
-    scenario("one-way-strict", 3, Duration::from_secs(60), |lab| {
-        partition(lab, "one-way-strict", Fault::OneWay, true)
+        partition(lab, "one-way", Fault::OneWay)
     });
 }
 

@@ -1307,11 +1307,7 @@ impl Global {
                     });
                 }
                 k.counts_dirty = false;
-                k.sent = if idle {
-                    None
-                } else {
-                    Some((k.demand, helds))
-                };
+                k.sent = if idle { None } else { Some((k.demand, helds)) };
                 self.keep(r, k, n, now)
             });
         }
@@ -1678,9 +1674,9 @@ impl Global {
     /// For each key with a hold record, `old`'s count in each slot it may have admitted in
     /// becomes at least the smaller of its ghost there (what the record let it admit) and
     /// its known count plus twice its published demand for every round since its last
-    /// applied frame (at most [`REPEAT`] + 1 rounds), plus its published gap credit. The
-    /// demand term keeps a long window's ghost to a few rounds of traffic instead of the
-    /// node's whole lease. The charge is an ordinary dot for `old`, so it reaches every peer,
+    /// applied frame (at most [`REPEAT`] + 1 rounds), plus one unit where it held room (a
+    /// sparse key's check between two frames). The demand term keeps a long window's ghost
+    /// to a few rounds of traffic instead of all the room the node held. The charge is an ordinary dot for `old`, so it reaches every peer,
     /// and the restarted node's pull, through anti-entropy, and the largest one wins.
     fn retire(&self, st: &mut RoundState, old: &Peer, now: Nanos) {
         let Some(i) = st.hold_nodes.iter().position(|a| *a == old.actor) else {
@@ -1722,8 +1718,11 @@ impl Global {
                         };
                         let id = SlotId::new(l.label.as_str(), key, x);
                         let known = counters.count(&id, &old.actor);
-                        let unpublished =
-                            demand.saturating_mul(2 * rounds).saturating_add(held_in(x));
+                        // A sparse key's last check may fall between its frames: one unit
+                        // more where it held room.
+                        let unpublished = demand
+                            .saturating_mul(2 * rounds)
+                            .saturating_add(held_in(x).min(1));
                         let ghost = held.min(known.saturating_add(unpublished));
                         if ghost > known && counters.apply(id, Dot::new(old.actor.clone(), ghost)) {
                             charged = true;
@@ -2036,8 +2035,7 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
 /// no time-dependent budget (a sliding counter's previous window fades, so it is
 /// recomputed). Holdings stay as they are; buckets keep their share.
 fn renew(rule: &GRule, k: &GKey, now: Nanos, boundary_next: Nanos) -> bool {
-    let same = rule
-        .limits
+    rule.limits
         .iter()
         .zip(k.limits.iter())
         .all(|(l, s)| match s {
@@ -2046,8 +2044,7 @@ fn renew(rule: &GRule, k: &GKey, now: Nanos, boundary_next: Nanos) -> bool {
                     && w.leased_for == Some((l.slot(now), l.slot(boundary_next)))
             }
             LState::Bucket(_) => true,
-        });
-    same
+        })
 }
 
 /// Copies everyone else's counts in the slots a decision reads into the key (for

@@ -686,20 +686,12 @@ fn apply(sim: &mut Sim, fault: &Fault) {
     }
 }
 
-/// The rounds after a splitting fault, or before and after a node starts suspecting a peer,
-/// during which the sides may disagree on n₀: suspicion (M rounds), one more for the view to
-/// spread, one for the frames in flight, and one for the instant that uses the records.
-const ASYMMETRIC_ROUNDS: u64 = 6;
-/// Whether windows may exceed the limit by the admissions in asymmetric rounds (TEMP: off).
-const ASYMMETRIC_ALLOWANCE: bool = false;
-
 /// Plays `setup`: a skewed load of 1.5× the limit on two keys, the drawn faults, then a
 /// fault-free stretch. Checks after every 10 ms that no node credits an actor with more
 /// than it admitted (retired actors aside: their ghost is meant to), and at the end that
-/// every window stayed within the limit plus what design §5 allows for the splitting
-/// faults in it (`E_asym`: the admissions in the rounds after each, see
-/// [`ASYMMETRIC_ROUNDS`]), and that every node converged to the same counts equal to the
-/// true ones.
+/// every window stayed within the limit (under `split`, plus a limit per extra side in the
+/// windows a splitting fault overlaps, design §5), and that every node converged to the
+/// same counts equal to the true ones.
 pub fn run(setup: &Setup) -> Outcome {
     let params = Params {
         on_partition: setup.on_partition,
@@ -779,8 +771,8 @@ pub fn run(setup: &Setup) -> Outcome {
                 }
             }
         }
-        // A suspicion starts a `hold` episode whose sides may disagree on n₀: the rounds
-        // before it (degraded on one side, maybe not on the other) are asymmetric.
+        // A suspicion splits the nodes' views from the rounds before it (degraded on one
+        // side, maybe not on the other): under `split` the sides' extra starts there.
         for (i, before) in suspected.iter_mut().enumerate() {
             let now_suspected: HashSet<String> = if sim.running(i) {
                 sim.node(i).suspected().into_iter().collect()
@@ -1085,21 +1077,14 @@ fn agreement(sim: &Sim) -> Option<String> {
     None
 }
 
-/// Every window within the limit plus the admissions in the asymmetric rounds after each
-/// splitting fault (design §5, `E_asym`).
-/// Under `split`, a window that a splitting fault overlaps may also admit `extra_sides` more
-/// limits.
+/// Every window within the limit. Under `split`, a window that a splitting fault overlaps
+/// may also admit `extra_sides` more limits.
 fn check_windows(sim: &Sim, splits: &[Nanos], extra_sides: u64, outcome: &mut Outcome) {
-    let span = ASYMMETRIC_ROUNDS * Params::default().round;
     let fault_end = splits.iter().copied().max().unwrap_or(0);
     let fault_start = splits.iter().copied().min().unwrap_or(0);
     let mut per_slot: BTreeMap<(&str, u64), (u64, u64)> = BTreeMap::new();
-    for (t, key, slot, cost) in &sim.log {
-        let e = per_slot.entry((key.as_str(), *slot)).or_default();
-        e.0 += cost;
-        if ASYMMETRIC_ALLOWANCE && splits.iter().any(|&s| *t >= s && *t < s + span) {
-            e.1 += cost;
-        }
+    for (_, key, slot, cost) in &sim.log {
+        per_slot.entry((key.as_str(), *slot)).or_default().0 += cost;
     }
     for ((key, slot), (n, mut allowance)) in per_slot {
         let (from, to) = (slot * SECOND, (slot + 1) * SECOND);

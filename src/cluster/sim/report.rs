@@ -179,12 +179,10 @@ pub fn write(path: &Path, threads: usize) -> std::io::Result<String> {
          crashed nodes restart, and the load goes on fault-free to 8 s; then the load stops.\n\n\
          Columns: *admitted* is the share of the ideal (per window, the smaller of the load \
          offered and the limit); *worst window* is the most any window admitted, against the \
-         limit and the allowance the design gives the faults in that window (design.md §5: \
-         `E_asym`, what was admitted in the {} rounds after a fault that can split the nodes' \
-         views; under `split`, a whole limit per extra side); *agreed* is the time from the \
-         load's end until every node holds the same count of every actor, equal to the true \
-         count for every live one; *lost* is admissions no node counts at the end.\n",
-        super::ASYMMETRIC_ROUNDS
+         limit and the allowance the design gives the faults in that window (none under \
+         `hold`; under `split`, a whole limit per extra side, design.md §5); *agreed* is the \
+         time from the load's end until every node holds the same count of every actor, equal \
+         to the true count for every live one; *lost* is admissions no node counts at the end.\n"
     );
     let _ = writeln!(
         md,
