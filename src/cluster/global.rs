@@ -1,4 +1,4 @@
-//! Global admission for `scope = "global"` rules: per-round leases for windowed limits and
+//! Global admission for `scope = "global"` rules: held leases for windowed limits and
 //! demand-proportional shares for buckets (docs/design.md §2–§5).
 //!
 //! Sans-IO: no sockets, no clock reads, no tasks. The caller passes the time to every method,
@@ -10,13 +10,14 @@
 //! # A round
 //! Rounds are `[nT, (n+1)T)` by the wall clock. At the *boundary* nT a node publishes, in one
 //! [`RoundFrame`] to every peer, its own admitted counts per open slot, its smoothed demand per
-//! key and the gap credit it holds until the round's *instant* nT + δ. At the instant, if it
-//! holds every reachable peer's round-n frame and all of them share its view of the cluster,
-//! it is *consistent* and computes, from those frames alone, the same allocation every other
-//! consistent node computes: each node's lease of the window's room (windows) or share of the
-//! rate (buckets). A node that is not consistent is *degraded*: it takes no new lease and only
-//! spends the gap credit it published. Leases of all nodes sum to at most the room, so the
-//! cluster never admits more than the limit (design §3.3.2) — staleness costs only
+//! key and the room it holds per slot (its lease, after handing back what it holds beyond
+//! its target). At the *instant* nT + δ, if it holds every reachable peer's round-n frame and
+//! all of them share its view of the cluster, it is *consistent* and computes, from those
+//! frames alone, the same allocation every other consistent node computes: each node's target
+//! share of the window's room and its grant out of the room nobody holds (windows), or its
+//! share of the rate (buckets). A node that is not consistent is *degraded*: it takes no grant
+//! and spends what it holds. Only a grant adds to a lease and only its holder shrinks it, so
+//! leases and counts never sum past the limit (design §3.3.2) — staleness costs only
 //! under-admission.
 //!
 //! # The check path
@@ -385,7 +386,7 @@ pub struct GKey {
     arrivals: u64,
     /// The smoothed demand published at the last boundary.
     demand: u64,
-    /// What the last frame said of this key (demand and credits), to send only changes.
+    /// What the last frame said of this key (demand and holdings), to send only changes.
     sent: Option<Summary>,
     /// Own counts changed since the last frame.
     counts_dirty: bool,
@@ -394,9 +395,9 @@ pub struct GKey {
     /// Whether the last instant allotted this key (so it is not idle cluster-wide).
     known: bool,
     /// Something an allocation reads changed since the last instant: a peer's report, or
-    /// this node's counts, demand or credit. An unchanged key's leases are only renewed.
+    /// this node's counts, demand or holdings. An unchanged key is not allotted again.
     inputs_changed: bool,
-    /// The last round in which a peer reported demand or credit for this key (kept until
+    /// The last round in which a peer reported demand or holdings for this key (kept until
     /// its reports are surely idle, so the key is allotted, not mistaken for a new one).
     remote_round: u64,
     limits: Box<[LState]>,
@@ -480,7 +481,7 @@ struct Peer {
     /// Rounds missed in a row.
     missed: u32,
     suspected: bool,
-    /// Last report per rule index, per key: demand and per-limit credit.
+    /// Last report per rule index, per key: demand and per-limit holdings.
     reports: Vec<HashMap<String, Summary, foldhash::fast::RandomState>>,
     /// A repair from this peer has been applied since it (re)appeared.
     pulled: bool,
@@ -509,7 +510,7 @@ impl Peer {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct HoldRecord {
     slot: u64,
-    /// Per node: its count in `slot` at the boundary plus the credit and lease it held.
+    /// Per node: its count in `slot` at the boundary plus the room it held and was granted.
     claims: Vec<u64>,
 }
 
@@ -2001,8 +2002,8 @@ impl Global {
 }
 
 /// The boundary of a key with nothing to publish (no demand, no arrivals, no new counts, no
-/// credit, not changed within the last [`REPEAT`] rounds): prune old slots and close the gap
-/// with no credit, without building anything. Returns false, changing nothing, for any
+/// room held, not changed within the last [`REPEAT`] rounds): prune old slots, without
+/// building anything. Returns false, changing nothing, for any
 /// other key.
 fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> bool {
     let quiet = k.arrivals == 0
