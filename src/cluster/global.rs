@@ -594,6 +594,8 @@ struct RoundState {
     returns: bool,
     /// The peers that took part in the last instant's allotment.
     participated: Vec<Actor>,
+    /// Peers that stopped taking part (declared dead under `split`) and may come back.
+    excluded: Vec<Actor>,
     /// A peer asked for a full frame.
     full_requested: bool,
     /// Per limit label, the floor last passed to `Counters::forget_before`.
@@ -696,6 +698,7 @@ impl Global {
                 hold_from: None,
                 returns: true,
                 participated: Vec::new(),
+                excluded: Vec::new(),
                 full_requested: false,
                 floors: HashMap::new(),
             }),
@@ -764,12 +767,15 @@ impl Global {
     }
 
     /// Time until the next instant after `now` (what a denied check waits for a new lease).
-    fn until_instant(&self, now: Nanos) -> Nanos {
+    fn until_instant(&self, now: Nanos, phase: Phase) -> Nanos {
         let t = self.params.round;
         let start = now - now % t;
         let instant = start + self.params.settle;
         if now < instant {
             instant - now
+        } else if !phase.open {
+            // The instant is late (busy, or waiting for a frame): any moment now.
+            MILLISECOND
         } else {
             start + t + self.params.settle - now
         }
@@ -904,9 +910,9 @@ impl Global {
             return decision;
         }
         let retry_after = if remaining < cost {
-            (slot_end - now).max(self.until_instant(now))
+            (slot_end - now).max(self.until_instant(now, phase))
         } else {
-            self.until_instant(now)
+            self.until_instant(now, phase)
         };
         decision.verdict = Verdict::Deny { retry_after };
         decision.remaining = remaining;
@@ -1146,9 +1152,40 @@ impl Global {
             return now;
         }
         if st.instant != Some(n) {
-            return (start + self.params.settle).max(now);
+            let due = start + self.params.settle;
+            // Past it, the instant waits for missing frames: look again in a millisecond.
+            return if now < due {
+                due
+            } else {
+                (now + MILLISECOND).min(start + self.latest_settle())
+            };
         }
         start + t
+    }
+
+    /// How long after its boundary an instant waits at most for missing frames: half a round
+    /// (at least δ).
+    fn latest_settle(&self) -> Nanos {
+        (self.params.round / 2).max(self.params.settle)
+    }
+
+    /// Whether the instant of round `n` has what it needs: this node's boundary ran and the
+    /// round-n frame of every participating peer not suspected is in (applied, or every part
+    /// buffered).
+    fn frames_in(&self, st: &RoundState, n: u64) -> bool {
+        st.boundary == Some(n)
+            && st
+                .peers
+                .values()
+                .filter(|p| self.participates(p) && !p.suspected)
+                .all(|p| {
+                    if p.applied.is_some_and(|a| a >= n) {
+                        return true;
+                    }
+                    let parts: Vec<&RoundFrame> =
+                        p.frames.range((n, 0)..(n + 1, 0)).map(|(_, f)| f).collect();
+                    parts.first().is_some_and(|f| f.parts as usize == parts.len())
+                })
     }
 
     /// Runs whatever boundary or instant is due at `now`, returning what to send.
@@ -1160,7 +1197,13 @@ impl Global {
         if st.boundary.is_none_or(|b| b < n) {
             out.extend(self.boundary(&mut st, n, now));
         }
-        if st.instant.is_none_or(|i| i < n) && now >= n * t + self.params.settle {
+        // The instant runs δ after the boundary, or later, up to half a round, while a peer's
+        // frame is missing: the grants come from the round-n frames whenever they are
+        // computed, so waiting costs nothing but time and spares a degraded round.
+        if st.instant.is_none_or(|i| i < n)
+            && now >= n * t + self.params.settle
+            && (now >= n * t + self.latest_settle() || self.frames_in(&st, n))
+        {
             self.instant(&mut st, n, now);
         }
         out
@@ -1523,16 +1566,28 @@ impl Global {
         let participants = 1 + st.peers.values().filter(|p| self.participates(p)).count() as u64;
         self.participants.store(participants, Ordering::Relaxed);
         // Under `split`, a side allots the whole room among its own members; when a member
-        // comes back, what the side holds is given up, since the other side holds the same
-        // room (design §5).
+        // that stopped taking part comes back, what the side holds is given up, since the
+        // other side holds the same room (design §5).
         let now_in: Vec<Actor> = st
             .peers
             .values()
             .filter(|p| self.participates(p))
             .map(|p| p.actor.clone())
             .collect();
-        let regrown = self.params.on_partition == OnPartition::Split
-            && now_in.iter().any(|a| !st.participated.contains(a));
+        let out: Vec<Actor> = st
+            .participated
+            .iter()
+            .filter(|a| !now_in.contains(a))
+            .cloned()
+            .collect();
+        st.excluded.extend(out);
+        let listed: HashSet<&Actor> = st.peers.values().map(|p| &p.actor).collect();
+        let mut excluded = std::mem::take(&mut st.excluded);
+        excluded.retain(|a| listed.contains(a));
+        let back = now_in.iter().any(|a| excluded.contains(a));
+        excluded.retain(|a| !now_in.contains(a));
+        st.excluded = excluded;
+        let regrown = self.params.on_partition == OnPartition::Split && back;
         st.participated = now_in;
         if consistent {
             st.stats.consistent_rounds += 1;
@@ -2009,10 +2064,15 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
     let quiet = k.arrivals == 0
         && k.demand == 0
         && !k.counts_dirty
-        && k.sent.is_none()
+        && k.sent.as_ref().is_none_or(|(d, _)| *d == 0)
         && k.changed_in + REPEAT <= n
-        && k.limits.iter().all(|s| match s {
-            LState::Window(w) => w.grants.iter().all(|g| g.spendable() == 0 && !g.starter),
+        && k.limits.iter().zip(&rule.limits).all(|(s, l)| match s {
+            // Nothing to hand back, and nothing held in a slot that closes now.
+            LState::Window(w) => w.grants.iter().all(|g| {
+                !g.starter
+                    && g.spendable() <= g.target
+                    && (g.slot >= l.slot(boundary_time) || g.spendable() == 0)
+            }),
             LState::Bucket(_) => true,
         });
     if !quiet {
@@ -2025,7 +2085,6 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
             w.own.retain(|(slot, _)| *slot >= oldest);
             w.others.retain(|(slot, _)| *slot >= oldest);
             w.grants.retain(|g| g.slot >= cur);
-            w.published_held.clear();
         }
     }
     true
