@@ -1184,7 +1184,9 @@ impl Global {
                     }
                     let parts: Vec<&RoundFrame> =
                         p.frames.range((n, 0)..(n + 1, 0)).map(|(_, f)| f).collect();
-                    parts.first().is_some_and(|f| f.parts as usize == parts.len())
+                    parts
+                        .first()
+                        .is_some_and(|f| f.parts as usize == parts.len())
                 })
     }
 
@@ -2067,10 +2069,17 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
         && k.sent.as_ref().is_none_or(|(d, _)| *d == 0)
         && k.changed_in + REPEAT <= n
         && k.limits.iter().zip(&rule.limits).all(|(s, l)| match s {
-            // Nothing to hand back, and nothing held in a slot that closes now.
+            // Nothing to hand back, nothing held in a slot that closes now, and what it holds
+            // is what it last published (a grant since must go out in a frame).
             LState::Window(w) => w.grants.iter().all(|g| {
+                let published = w
+                    .published_held
+                    .iter()
+                    .find(|(s, _)| *s == g.slot)
+                    .map_or(0, |(_, u)| *u);
                 !g.starter
                     && g.spendable() <= g.target
+                    && g.spendable() == published
                     && (g.slot >= l.slot(boundary_time) || g.spendable() == 0)
             }),
             LState::Bucket(_) => true,

@@ -397,7 +397,10 @@ fn a_new_key_in_the_gap_is_told_to_wait_until_the_instant_then_admitted() {
             break;
         }
         assert_eq!(d.verdict, Verdict::Deny { retry_after: MS });
-        assert!(waited < 25, "still no lease {waited} ms after the instant was due");
+        assert!(
+            waited < 25,
+            "still no lease {waited} ms after the instant was due"
+        );
         sim.advance(MS);
         waited += 1;
     }
