@@ -584,8 +584,8 @@ struct RoundState {
     stats: Stats,
     /// The view changed since the last boundary: send full frames.
     view_changed: bool,
-    /// The last instant, if this node was consistent at it.
-    last_consistent: Option<u64>,
+    /// The view of the last consistent instant.
+    consistent_view: Option<u64>,
     /// While some participant is suspected: the instant the set of suspects last changed.
     /// Slots that could be allotted before it get no more room until it heals.
     hold_from: Option<u64>,
@@ -694,7 +694,7 @@ impl Global {
                 hold_nodes: Vec::new(),
                 stats: Stats::default(),
                 view_changed: true,
-                last_consistent: None,
+                consistent_view: None,
                 hold_from: None,
                 returns: true,
                 participated: Vec::new(),
@@ -1332,6 +1332,8 @@ impl Global {
                     k.changed_in = n;
                     k.inputs_changed = true;
                 }
+                // Demand makes the key in use at the coming instant (no starter meanwhile).
+                k.known |= !idle;
                 if full || k.changed_in + REPEAT > n {
                     let limits = k
                         .limits
@@ -1496,6 +1498,7 @@ impl Global {
                 stats.reports_dropped += 1;
             }
             let idle = report.demand == 0 && helds.iter().all(Vec::is_empty);
+            let active = !idle || report.limits.iter().any(|lr| !lr.counts.is_empty());
             if rule
                 .store
                 .update(
@@ -1505,6 +1508,9 @@ impl Global {
                     |_| false,
                     |k| {
                         k.inputs_changed = true;
+                        // In use as of this round: no starter until an instant finds it idle
+                        // (starters open before the instant has visited every key).
+                        k.known |= active;
                         if !idle {
                             k.remote_round = k.remote_round.max(round);
                         }
@@ -1596,6 +1602,13 @@ impl Global {
         } else {
             st.stats.degraded_rounds += 1;
         }
+        // Starters open now, before the keys are visited: a key no frame of this round
+        // reports active and without own demand is idle at this instant whether or not it
+        // was visited yet (apply_round and the boundary mark the others known).
+        self.set_phase(Phase {
+            open: true,
+            consistent: consistent && all_reachable,
+        });
         // Allot every key. The participants, this node first, then peers in node order.
         let boundary_next = (n + 1) * self.params.round;
         let st_ref: &RoundState = st;
@@ -1621,11 +1634,10 @@ impl Global {
         )
         .collect();
         let mut scratch = Scratch::default();
-        // Leases are renewed as they are when nothing they depend on changed: this instant and
-        // the last are consistent, with the same view (so the same participants).
-        let renewable = consistent
-            && st_ref.last_consistent == Some(n.wrapping_sub(1))
-            && st_ref.my_views.get(&n.wrapping_sub(1)) == st_ref.my_views.get(&n);
+        // Leases are renewed as they are when nothing they depend on changed: this instant is
+        // consistent with the view of the last consistent one (so the same participants), and
+        // the key's inputs did not change since (degraded instants in between keep the flag).
+        let renewable = consistent && st_ref.consistent_view == my_view;
         for (ri, r) in self.rules.iter().enumerate() {
             r.store.visit(|key, k| {
                 if regrown {
@@ -1636,6 +1648,19 @@ impl Global {
                             }
                         }
                     }
+                }
+                if !consistent {
+                    // Degraded: no grant, what is held stays held, and the key stays as known
+                    // as it was (no starter is granted until a consistent instant). Others'
+                    // counts are refreshed for `remaining` where they changed.
+                    if k.inputs_changed {
+                        for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
+                            if let LState::Window(w) = s {
+                                self.copy_others(st_ref, l, key, w, now);
+                            }
+                        }
+                    }
+                    return true;
                 }
                 let was_known = k.known;
                 k.known = true;
@@ -1657,35 +1682,39 @@ impl Global {
                 let demands = &scratch.demands;
                 // A key nobody uses (no counts, demand or holdings, so no room is held) is
                 // not *known*: its next check may take a starter.
-                let mut idle = consistent;
+                let mut idle = true;
                 for (li, (l, s)) in r.limits.iter().zip(k.limits.iter_mut()).enumerate() {
                     match s {
                         LState::Window(w) => {
-                            if consistent {
-                                idle &= !self.lease(
-                                    st_ref,
-                                    &parts,
-                                    &scratch.reports,
-                                    demands,
-                                    (key, li),
-                                    l,
-                                    w,
-                                    now,
-                                    boundary_next,
-                                    all_reachable,
-                                );
-                            } else {
-                                // Degraded: no grant; what is held stays held.
-                                self.copy_others(st_ref, l, key, w, now);
-                            }
+                            // A check may have taken a starter on this key since starters
+                            // opened above: then the key must be idle here.
+                            let could_start = all_reachable
+                                && !was_known
+                                && w.own.is_empty()
+                                && w.others.is_empty();
+                            let in_use = self.lease(
+                                st_ref,
+                                &parts,
+                                &scratch.reports,
+                                demands,
+                                (key, li),
+                                l,
+                                w,
+                                now,
+                                boundary_next,
+                                all_reachable,
+                            );
+                            debug_assert!(
+                                !(could_start && in_use),
+                                "key {key} was open to a starter before instant {n} but is in use"
+                            );
+                            idle &= !in_use;
                         }
                         LState::Bucket(b) => {
-                            if consistent {
-                                let level = b.level_at(&l.limit, now);
-                                b.share = bucket_share(demands);
-                                b.level = level.min(b.cap(&l.limit));
-                                b.at = b.at.max(now);
-                            }
+                            let level = b.level_at(&l.limit, now);
+                            b.share = bucket_share(demands);
+                            b.level = level.min(b.cap(&l.limit));
+                            b.at = b.at.max(now);
                             idle = false;
                         }
                     }
@@ -1703,7 +1732,9 @@ impl Global {
         if let Some(nodes) = hold_nodes {
             st.hold_nodes = nodes;
         }
-        st.last_consistent = consistent.then_some(n);
+        if consistent {
+            st.consistent_view = my_view;
+        }
         // Forget slots no decision can read any more (a scan of every slot: only when a
         // limit's oldest readable slot moves).
         for r in &self.rules {
@@ -1717,10 +1748,7 @@ impl Global {
         }
         st.counters.clear_changes();
         st.instant = Some(n);
-        self.set_phase(Phase {
-            open: true,
-            consistent: consistent && all_reachable,
-        });
+        // Counted once every key is allotted: a check paused for its lease looks again now.
         self.instants.fetch_add(1, Ordering::Release);
     }
 
