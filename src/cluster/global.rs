@@ -724,11 +724,11 @@ impl Global {
         self.instants.load(Ordering::Acquire)
     }
 
-    /// The last round whose frame this node has built and handed out: its boundary ran and
-    /// so did its instant (the shell sends a boundary's frame before it runs the instant).
-    pub fn published(&self) -> Option<u64> {
+    /// Whether this node's frame of `round` is out: that boundary ran and so did its instant
+    /// (the shell sends a boundary's frame before it runs the instant).
+    pub fn has_published(&self, round: u64) -> bool {
         let st = self.lock();
-        st.instant.min(st.boundary)
+        st.instant.min(st.boundary).is_some_and(|r| r >= round)
     }
 
     /// The first round whose frame surely carries every admission made before this call: the

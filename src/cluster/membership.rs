@@ -217,29 +217,35 @@ pub struct Membership {
     refresher: JoinHandle<()>,
 }
 
-/// Publishes this node's rules hash in its gossip state (see
-/// [`Membership::rules_hash_publisher`]).
+/// Publishes keys of this node's gossip state (see [`Membership::meta_publisher`]).
 #[derive(Clone)]
-pub struct RulesHashPublisher {
+pub struct MetaPublisher {
     chitchat: Arc<Mutex<Chitchat>>,
     refresh: Arc<Notify>,
 }
 
-impl fmt::Debug for RulesHashPublisher {
+impl fmt::Debug for MetaPublisher {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("RulesHashPublisher")
+        f.write_str("MetaPublisher")
     }
 }
 
-impl RulesHashPublisher {
-    /// Replaces the published rules hash; peers compare it with theirs.
-    pub async fn publish(&self, rules_hash: &str) {
-        self.chitchat
-            .lock()
-            .await
-            .self_node_state()
-            .set(KEY_RULES_HASH, rules_hash);
+impl MetaPublisher {
+    /// Sets `keys` in this node's state and wakes the refresher.
+    async fn set(&self, keys: impl IntoIterator<Item = (&'static str, String)>) {
+        {
+            let mut chitchat = self.chitchat.lock().await;
+            let state = chitchat.self_node_state();
+            for (key, value) in keys {
+                state.set(key, value);
+            }
+        }
         self.refresh.notify_one();
+    }
+
+    /// Replaces the published rules hash; peers compare it with theirs.
+    pub async fn rules_hash(&self, rules_hash: &str) {
+        self.set([(KEY_RULES_HASH, rules_hash.to_owned())]).await;
     }
 }
 
@@ -461,10 +467,10 @@ impl Membership {
         mismatched_rules(&self.members.borrow())
     }
 
-    /// A handle that publishes a new rules hash for this node (after a reload), usable while
-    /// the membership runs and harmless after it stopped.
-    pub fn rules_hash_publisher(&self) -> RulesHashPublisher {
-        RulesHashPublisher {
+    /// A handle that publishes this node's meta (the rules hash after a reload), usable
+    /// while the membership runs and harmless after it stopped.
+    pub fn meta_publisher(&self) -> MetaPublisher {
+        MetaPublisher {
             chitchat: self.chitchat.chitchat(),
             refresh: self.refresh.clone(),
         }
@@ -472,15 +478,7 @@ impl Membership {
 
     /// Publishes new meta for this node.
     pub async fn set_meta(&self, meta: NodeMeta) {
-        self.chitchat
-            .with_chitchat(|chitchat| {
-                let state = chitchat.self_node_state();
-                for (key, value) in meta.key_values() {
-                    state.set(key, value);
-                }
-            })
-            .await;
-        self.refresh.notify_one();
+        self.meta_publisher().set(meta.key_values()).await;
     }
 
     /// Leaves on purpose: publishes a leaving marker, pushes it to every known peer, waits

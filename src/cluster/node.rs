@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::global::{Global, MemberInfo, Output, Reject};
-use super::membership::{Member, Membership, MembershipConfig, NodeMeta, RulesHashPublisher};
+use super::membership::{Member, Membership, MembershipConfig, MetaPublisher, NodeMeta};
 use super::quic::{Inbound, QuicTransport};
 use super::tls::Security;
 use crate::clock::Clock;
@@ -64,7 +64,7 @@ pub struct Cluster {
     addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
     counts: Arc<Mutex<Counts>>,
     tasks: Vec<JoinHandle<()>>,
-    rules_hash: RulesHashPublisher,
+    meta: MetaPublisher,
 }
 
 impl Cluster {
@@ -154,7 +154,7 @@ impl Cluster {
         Ok(Cluster {
             global,
             view: membership.watch(),
-            rules_hash: membership.rules_hash_publisher(),
+            meta: membership.meta_publisher(),
             membership: Mutex::new(Some(membership)),
             transport,
             addrs,
@@ -165,7 +165,7 @@ impl Cluster {
 
     /// Publishes a new hash of the rules (after a reload), which peers compare with theirs.
     pub async fn publish_rules_hash(&self, rules_hash: &str) {
-        self.rules_hash.publish(rules_hash).await;
+        self.meta.rules_hash(rules_hash).await;
     }
 
     /// Whether `/readyz` may say 200 (and global rules take leases): the node has found a
@@ -320,7 +320,7 @@ impl Cluster {
         let wanted = self.global.next_publication();
         let round = Duration::from_nanos(self.global.params().round);
         let published = async {
-            while self.global.published().is_none_or(|r| r < wanted) {
+            while !self.global.has_published(wanted) {
                 tokio::time::sleep(round / 10).await;
             }
         };

@@ -414,7 +414,7 @@ impl Sim {
             for _ in 0..300 {
                 self.advance(MS);
                 match &self.nodes[i] {
-                    Some(g) if g.published().is_some_and(|r| r >= wanted) => {
+                    Some(g) if g.has_published(wanted) => {
                         through = Some(wanted);
                         break;
                     }
