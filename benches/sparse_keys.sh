@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Sparse global window keys against one binary: 3 nodes on loopback (HTTP 18211-18213,
 # gossip 18222/18224/18226), rule `win` fixed window 1000 per 10 s, and per node
-# `wrk -t1 -c18 -d15s` with benches/cluster_keys.lua walking 10,000 keys from a different
+# `wrk -t1 -c$CONNS -d15s` with benches/cluster_keys.lua walking 10,000 keys from a different
 # offset, so each key is checked about every 3 s from some node. Prints each wrk RESULT
-# line. Written to compare the held-lease branch with main (branch `held`, session note):
+# line. Compares two builds (e.g. before and after a change to the round protocol):
 #
-#   for b in main-gossamer held-gossamer; do bash benches/sparse_keys.sh ./$b; done
+#   for b in ./old-gossamer ./new-gossamer; do CONNS=8 bash benches/sparse_keys.sh $b; done
 #
-# On the 2-core machine of 2026-11-30 main served ~1,600 checks/s per node with 25-31%
-# denied; the held branch 590-860 with 52-77% denied.
+# CONNS (default 18) sets wrk connections per node. Figures: docs/design.md §10, "Sparse keys
+# on a saturated machine".
 set -euo pipefail
 BIN=${1:?usage: sparse_keys.sh BINARY}
 W=$(mktemp -d)
@@ -29,7 +29,7 @@ done
 sleep 4
 WRKS=()
 for i in 1 2 3; do
-    wrk -t1 -c18 -d15s -s "$(dirname "$0")/cluster_keys.lua" "http://127.0.0.1:1821$i/v1/check" \
+    wrk -t1 -c"${CONNS:-18}" -d15s -s "$(dirname "$0")/cluster_keys.lua" "http://127.0.0.1:1821$i/v1/check" \
         -- "s$RANDOM" $(((i - 1) * 3333)) 10000 5 >"$W/wrk-$i.txt" 2>&1 &
     WRKS+=($!)
 done
