@@ -193,8 +193,11 @@ pub struct Stats {
     pub consistent_rounds: u64,
     /// Instants at which it was degraded (took no lease).
     pub degraded_rounds: u64,
-    /// Key reports dropped: unknown rule, wrong shape, absurd or out-of-range counts.
+    /// Key reports dropped: unknown rule, wrong shape, absurd counts or holdings.
     pub reports_dropped: u64,
+    /// A peer's counts ignored for a slot this node cannot read: more than one slot ahead of
+    /// its clock, or older than the lookback (clock skew or a very late frame, design §4).
+    pub dots_out_of_range: u64,
     /// Dots refused because a peer claimed this node's own actor.
     pub own_dots_refused: u64,
     /// Keys that could not be tracked because the store was full.
@@ -1471,8 +1474,12 @@ impl Global {
                 let cur = l.slot(now);
                 let ceiling = l.limit.limit().saturating_mul(members);
                 for &(slot, count) in &lr.counts {
-                    if slot > cur + 1 || slot + l.span() < cur || count > ceiling {
+                    if count > ceiling {
                         bad = true;
+                        continue;
+                    }
+                    if slot > cur + 1 || slot + l.span() < cur {
+                        stats.dots_out_of_range += 1;
                         continue;
                     }
                     let before = counters.refused();

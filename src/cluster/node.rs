@@ -275,6 +275,14 @@ impl Cluster {
         );
         family(
             out,
+            "gossamer_cluster_dots_dropped_total",
+            "counter",
+            "Peer counts ignored, by reason: slot_out_of_range is a slot more than one ahead \
+             of this node's clock or older than the lookback (clock skew, design.md §4).",
+            &[("reason=\"slot_out_of_range\"", stats.dots_out_of_range)],
+        );
+        family(
+            out,
             "gossamer_cluster_frames_too_large_total",
             "counter",
             "Outgoing messages over the frame limit, not sent.",

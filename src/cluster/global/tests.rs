@@ -357,6 +357,34 @@ fn hostile_messages_are_refused() {
     g.tick(now + DEFAULT_SETTLE);
     assert_eq!(g.stats().reports_dropped, 3);
     assert_eq!(g.known_total("api", 0, "k", now / SECOND), 0);
+    // Counts for slots this node cannot read (two ahead of its clock, and long past):
+    // ignored and counted apart; the report's other counts still apply.
+    let slot = (now + DEFAULT_ROUND) / SECOND;
+    let skewed = Message::Round(RoundFrame {
+        from: Actor::new("b", 5),
+        round: n + 1,
+        view: 0,
+        since: Some(n + 1),
+        part: 0,
+        parts: 1,
+        want_full: vec![],
+        keys: vec![KeyReport {
+            rule: "api".into(),
+            key: "k".into(),
+            demand: 1,
+            limits: vec![LimitReport {
+                counts: vec![(slot - 5, 4), (slot, 3), (slot + 2, 7)],
+                held: vec![],
+            }],
+        }],
+    });
+    assert!(g.receive("b", skewed, now + DEFAULT_ROUND).is_ok());
+    g.tick(now + DEFAULT_ROUND);
+    g.tick(now + DEFAULT_ROUND + DEFAULT_SETTLE);
+    let stats = g.stats();
+    assert_eq!((stats.dots_out_of_range, stats.reports_dropped), (2, 3));
+    assert_eq!(g.known_total("api", 0, "k", slot), 3);
+    assert_eq!(g.known_total("api", 0, "k", slot + 2), 0);
 }
 
 #[test]
