@@ -275,6 +275,13 @@ impl GLimit {
     fn slot(&self, now: Nanos) -> u64 {
         now / self.slot_len
     }
+
+    /// Whether a decision can read `slot` at `now`, now or in the next slot: not the far
+    /// future, not past the lookback (design §4, far-off slots).
+    fn readable(&self, slot: u64, now: Nanos) -> bool {
+        let s = self.slot(now);
+        slot <= s + 1 && slot + self.span() >= s
+    }
 }
 
 /// One global rule.
@@ -1136,12 +1143,9 @@ impl Global {
     /// Whether a slot is one a decision can read now or next (not the future, not forgotten).
     fn slot_in_range(&self, slot: &SlotId, now: Nanos) -> bool {
         self.rules.iter().any(|r| {
-            r.limits.iter().any(|l| {
-                l.label == slot.rule && {
-                    let s = l.slot(now);
-                    slot.slot <= s + 1 && slot.slot + l.span() + 1 > s
-                }
-            })
+            r.limits
+                .iter()
+                .any(|l| l.label == slot.rule && l.readable(slot.slot, now))
         })
     }
 
@@ -1185,11 +1189,10 @@ impl Global {
                     if p.applied.is_some_and(|a| a >= n) {
                         return true;
                     }
-                    let parts: Vec<&RoundFrame> =
-                        p.frames.range((n, 0)..(n + 1, 0)).map(|(_, f)| f).collect();
+                    let mut parts = p.frames.range((n, 0)..(n + 1, 0));
                     parts
-                        .first()
-                        .is_some_and(|f| f.parts as usize == parts.len())
+                        .next()
+                        .is_some_and(|(_, f)| f.parts as usize == 1 + parts.count())
                 })
     }
 
@@ -1478,7 +1481,7 @@ impl Global {
                         bad = true;
                         continue;
                     }
-                    if slot > cur + 1 || slot + l.span() < cur {
+                    if !l.readable(slot, now) {
                         stats.dots_out_of_range += 1;
                         continue;
                     }
@@ -1597,11 +1600,9 @@ impl Global {
             .collect();
         st.excluded.extend(out);
         let listed: HashSet<&Actor> = st.peers.values().map(|p| &p.actor).collect();
-        let mut excluded = std::mem::take(&mut st.excluded);
-        excluded.retain(|a| listed.contains(a));
-        let back = now_in.iter().any(|a| excluded.contains(a));
-        excluded.retain(|a| !now_in.contains(a));
-        st.excluded = excluded;
+        st.excluded.retain(|a| listed.contains(a));
+        let back = now_in.iter().any(|a| st.excluded.contains(a));
+        st.excluded.retain(|a| !now_in.contains(a));
         let regrown = self.params.on_partition == OnPartition::Split && back;
         st.participated = now_in;
         if consistent {

@@ -884,36 +884,45 @@ pub fn explore(
     threads: usize,
     adjust: impl Fn(&mut Setup) + Sync,
 ) -> Summary {
-    let next = std::sync::atomic::AtomicU64::new(seeds.start);
     let summary = std::sync::Mutex::new(Summary::default());
-    std::thread::scope(|scope| {
-        for _ in 0..threads.max(1) {
-            scope.spawn(|| {
-                loop {
-                    let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    if seed >= seeds.end {
-                        break;
-                    }
-                    let mut setup = Setup::from_seed(seed);
-                    adjust(&mut setup);
-                    let outcome = run(&setup);
-                    let mut s = summary.lock().unwrap_or_else(|p| p.into_inner());
-                    s.runs += 1;
-                    s.worst_over = s.worst_over.max(outcome.worst_over());
-                    s.admitted += outcome.admitted;
-                    s.ideal += outcome.ideal;
-                    s.lost += outcome.lost;
-                    s.converged.extend(outcome.converged_after);
-                    if !outcome.violations.is_empty() {
-                        s.failures.push(outcome.describe(&setup));
-                    }
-                }
-            });
+    let count = usize::try_from(seeds.end.saturating_sub(seeds.start)).unwrap_or(usize::MAX);
+    on_threads(count, threads, |i| {
+        let mut setup = Setup::from_seed(seeds.start + i as u64);
+        adjust(&mut setup);
+        let outcome = run(&setup);
+        let mut s = summary.lock().unwrap_or_else(|p| p.into_inner());
+        s.runs += 1;
+        s.worst_over = s.worst_over.max(outcome.worst_over());
+        s.admitted += outcome.admitted;
+        s.ideal += outcome.ideal;
+        s.lost += outcome.lost;
+        s.converged.extend(outcome.converged_after);
+        if !outcome.violations.is_empty() {
+            s.failures.push(outcome.describe(&setup));
         }
     });
     let mut summary = summary.into_inner().unwrap_or_else(|p| p.into_inner());
     summary.converged.sort_unstable();
     summary
+}
+
+/// Runs `job(i)` for every `i` in `0..count` on up to `threads` threads, each taking the
+/// next index when it is done with one (jobs of uneven cost keep every thread busy).
+pub fn on_threads(count: usize, threads: usize, job: impl Fn(usize) + Sync) {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..threads.clamp(1, count.max(1)) {
+            scope.spawn(|| {
+                loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= count {
+                        break;
+                    }
+                    job(i);
+                }
+            });
+        }
+    });
 }
 
 /// One point of the scaling figures.

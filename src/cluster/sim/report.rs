@@ -6,7 +6,9 @@ use std::fmt::Write as _;
 use std::path::Path;
 use std::time::Instant;
 
-use super::{DETECT, Fault, LIMIT, MS, Outcome, ScalePoint, Setup, Summary, explore, run, scale};
+use super::{
+    DETECT, Fault, LIMIT, MS, Outcome, ScalePoint, Setup, Summary, explore, on_threads, run, scale,
+};
 use crate::cluster::global::OnPartition;
 use crate::limiter::{Nanos, SECOND};
 
@@ -330,21 +332,13 @@ pub fn write(path: &Path, threads: usize, large: bool) -> std::io::Result<String
 fn scale_points(specs: &[(usize, usize)], threads: usize) -> Vec<ScalePoint> {
     let mut order: Vec<usize> = (0..specs.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(specs[i].0 * specs[i].0 * specs[i].1));
-    let next = std::sync::atomic::AtomicUsize::new(0);
     let done: std::sync::Mutex<Vec<Option<ScalePoint>>> =
         std::sync::Mutex::new(vec![None; specs.len()]);
-    std::thread::scope(|s| {
-        for _ in 0..threads.clamp(1, specs.len().max(1)) {
-            s.spawn(|| {
-                loop {
-                    let k = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    let Some(&i) = order.get(k) else { break };
-                    let (nodes, keys) = specs[i];
-                    let p = scale(nodes, keys, 7);
-                    done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(p);
-                }
-            });
-        }
+    on_threads(order.len(), threads, |k| {
+        let i = order[k];
+        let (nodes, keys) = specs[i];
+        let p = scale(nodes, keys, 7);
+        done.lock().unwrap_or_else(|e| e.into_inner())[i] = Some(p);
     });
     done.into_inner()
         .unwrap_or_else(|e| e.into_inner())
