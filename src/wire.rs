@@ -22,8 +22,9 @@ use serde::{Deserialize, Serialize};
 use crate::counter::{Actor, Delta, Digest};
 
 /// The version byte this node writes and the only one it reads. Version 3: a limit report
-/// carries the room the sender holds per slot (`held`) instead of a gap credit.
-pub const WIRE_VERSION: u8 = 3;
+/// carries the room the sender holds per slot (`held`) instead of a gap credit. Version 4:
+/// a bucket limit's report carries the tokens the sender gave back (`returned`).
+pub const WIRE_VERSION: u8 = 4;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
 /// takes ~40 bytes, so a frame holds ~25,000 of them; a digest of one rule takes at most
@@ -112,7 +113,8 @@ pub struct KeyReport {
     pub limits: Vec<LimitReport>,
 }
 
-/// One limit's inputs in a [`KeyReport`]. Bucket limits send empty reports.
+/// One limit's inputs in a [`KeyReport`]. A windowed limit sends `counts` and `held`; a
+/// bucket limit sends only `returned`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitReport {
     /// The sender's own absolute admitted count in each open slot, `(slot, count)`.
@@ -121,6 +123,10 @@ pub struct LimitReport {
     /// that slot, which no other node is allotted until the sender publishes it returned
     /// (design §3.3). Slots in increasing order.
     pub held: Vec<(u64, u64)>,
+    /// Bucket limits: the tokens the sender's bucket gave up at its last instant (its share
+    /// shrank below its level), in units of `1 / SHARE_ONE` token, for the consistent
+    /// nodes to take up in proportion to their shares at this round's instant (design §3.5).
+    pub returned: u64,
 }
 
 /// Why a frame could not be encoded or decoded.
@@ -219,8 +225,13 @@ mod tests {
         let limit = (
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..3),
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..3),
+            any::<u64>(),
         )
-            .prop_map(|(counts, held)| LimitReport { counts, held });
+            .prop_map(|(counts, held, returned)| LimitReport {
+                counts,
+                held,
+                returned,
+            });
         let key = (
             "[a-z]{0,8}",
             any::<String>(),
@@ -306,12 +317,12 @@ mod tests {
     #[test]
     fn another_version_is_refused_with_a_clear_error() {
         let mut frame = encode(&sample()).unwrap();
-        frame[0] = 2;
+        frame[0] = 3;
         let err = decode(&frame).unwrap_err();
-        assert!(matches!(err, WireError::Version(2)));
+        assert!(matches!(err, WireError::Version(3)));
         assert_eq!(
             err.to_string(),
-            "frame version 2 is not supported (this node speaks version 3)"
+            "frame version 3 is not supported (this node speaks version 4)"
         );
     }
 

@@ -358,6 +358,12 @@ struct BState {
     at: Nanos,
     /// This node's share of the rate and capacity, out of [`SHARE_ONE`].
     share: u64,
+    /// Tokens clipped at instants since the last boundary (the share shrank below the
+    /// level), in units of `1 / SHARE_ONE` token: the next frame gives them back.
+    returned: u64,
+    /// What the frame of round `.0` gave back (`.1`, as `returned`): the consistent nodes
+    /// take it up at that round's instant, in proportion to their shares.
+    published: (u64, u64),
 }
 
 impl BState {
@@ -377,6 +383,23 @@ impl BState {
         self.level
             .saturating_add(elapsed.saturating_mul(self.rate(limit)))
             .min(self.cap(limit))
+    }
+
+    /// A consistent instant: the share becomes `share`; tokens above the new capacity are
+    /// clipped and set aside to be given back; then this node takes up its share of `pool`,
+    /// the tokens every participant gave back in this round's frames (`1 / SHARE_ONE`
+    /// token units), up to its capacity. Shares sum to at most one, so the cluster takes up
+    /// at most what was given back, and only once (design §3.5).
+    fn reshare(&mut self, limit: &Limit, share: u64, pool: u64, now: Nanos) {
+        let period = i128::from(limit.period());
+        let level = self.level_at(limit, now);
+        self.share = share;
+        let cap = self.cap(limit);
+        let clipped = u64::try_from((level - cap).max(0) / period).unwrap_or(u64::MAX);
+        self.returned = self.returned.saturating_add(clipped);
+        let taken = i128::from(pool) * i128::from(share) / i128::from(SHARE_ONE) * period;
+        self.level = level.min(cap).saturating_add(taken).min(cap);
+        self.at = self.at.max(now);
     }
 }
 
@@ -425,6 +448,8 @@ impl GKey {
                         level: 0,
                         at: now,
                         share,
+                        returned: 0,
+                        published: (0, 0),
                     };
                     b.level = b.cap(&l.limit);
                     LState::Bucket(b)
@@ -460,7 +485,9 @@ impl GKey {
                         && w.others.iter().all(|(_, n)| *n == 0)
                         && w.grants.iter().all(|g| g.used == 0 && g.allowance == 0)
                 }
-                LState::Bucket(b) => b.level_at(&l.limit, now) >= b.cap(&l.limit),
+                LState::Bucket(b) => {
+                    b.returned == 0 && b.level_at(&l.limit, now) >= b.cap(&l.limit)
+                }
             })
     }
 }
@@ -493,6 +520,10 @@ struct Peer {
     suspected: bool,
     /// Last report per rule index, per key: demand and per-limit holdings.
     reports: Vec<HashMap<String, Summary, foldhash::fast::RandomState>>,
+    /// Tokens its frame of round `returned_round` gave back, per rule index, per key: one
+    /// entry per limit (0 for windowed limits). Only that round's instant takes them up.
+    returned: Vec<HashMap<String, Vec<u64>, foldhash::fast::RandomState>>,
+    returned_round: u64,
     /// A repair from this peer has been applied since it (re)appeared.
     pulled: bool,
 }
@@ -509,6 +540,8 @@ impl Peer {
             missed: 0,
             suspected: false,
             reports: (0..rules).map(|_| HashMap::default()).collect(),
+            returned: (0..rules).map(|_| HashMap::default()).collect(),
+            returned_round: 0,
             pulled: false,
         }
     }
@@ -1290,10 +1323,16 @@ impl Global {
                 k.demand = smooth(k.demand, k.arrivals);
                 k.arrivals = 0;
                 let mut helds = Vec::with_capacity(r.limits.len());
+                let mut gives_back = false;
                 for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
-                    let LState::Window(w) = s else {
-                        helds.push(Vec::new());
-                        continue;
+                    let w = match s {
+                        LState::Window(w) => w,
+                        LState::Bucket(b) => {
+                            b.published = (n, std::mem::take(&mut b.returned));
+                            gives_back |= b.published.1 > 0;
+                            helds.push(Vec::new());
+                            continue;
+                        }
                     };
                     let cur = l.slot(boundary_time);
                     let oldest = cur.saturating_sub(l.span());
@@ -1334,7 +1373,7 @@ impl Global {
                     .as_ref()
                     .is_some_and(|(d, h)| *d == k.demand && *h == helds);
                 let idle = k.demand == 0 && helds.iter().all(Vec::is_empty);
-                if k.counts_dirty || !(same || (idle && k.sent.is_none())) {
+                if gives_back || k.counts_dirty || !(same || (idle && k.sent.is_none())) {
                     k.changed_in = n;
                     k.inputs_changed = true;
                 }
@@ -1349,8 +1388,12 @@ impl Global {
                             LState::Window(w) => LimitReport {
                                 counts: w.own.clone(),
                                 held: held.clone(),
+                                returned: 0,
                             },
-                            LState::Bucket(_) => LimitReport::default(),
+                            LState::Bucket(b) => LimitReport {
+                                returned: if b.published.0 == n { b.published.1 } else { 0 },
+                                ..LimitReport::default()
+                            },
                         })
                         .collect();
                     keys.push(KeyReport {
@@ -1459,6 +1502,8 @@ impl Global {
         while p.views.len() > 4 {
             p.views.pop_first();
         }
+        p.returned.iter_mut().for_each(HashMap::clear);
+        p.returned_round = frame.round;
         let members = (peers.len() + 1) as u64;
         let Some(p) = peers.get_mut(node) else { return };
         for report in frame.keys {
@@ -1472,8 +1517,22 @@ impl Global {
                 continue;
             }
             let mut helds = Vec::with_capacity(rule.limits.len());
+            let mut returned = Vec::new();
             let mut bad = false;
-            for (l, lr) in rule.limits.iter().zip(&report.limits) {
+            for (li, (l, lr)) in rule.limits.iter().zip(&report.limits).enumerate() {
+                // Tokens given back: a bucket's, at most a whole bucket (a level never
+                // exceeds its capacity, which is at most `burst`, or one unit).
+                let most = if l.kind == Kind::Bucket {
+                    l.limit.burst().max(1).saturating_mul(SHARE_ONE)
+                } else {
+                    0
+                };
+                if lr.returned > most {
+                    bad = true;
+                } else if lr.returned > 0 {
+                    returned.resize(rule.limits.len(), 0);
+                    returned[li] = lr.returned;
+                }
                 let cur = l.slot(now);
                 let ceiling = l.limit.limit().saturating_mul(members);
                 for &(slot, count) in &lr.counts {
@@ -1529,6 +1588,9 @@ impl Global {
                 .is_err()
             {
                 stats.store_full += 1;
+            }
+            if !returned.is_empty() {
+                p.returned[ri].insert(report.key.clone(), returned);
             }
             if idle {
                 p.reports[ri].remove(&report.key);
@@ -1719,10 +1781,23 @@ impl Global {
                             idle &= !in_use;
                         }
                         LState::Bucket(b) => {
-                            let level = b.level_at(&l.limit, now);
-                            b.share = bucket_share(demands);
-                            b.level = level.min(b.cap(&l.limit));
-                            b.at = b.at.max(now);
+                            // Tokens given back in this round's frames, taken up only when
+                            // every participant's frame is in (all_reachable): then every
+                            // consistent node reads the same pool and the same demands.
+                            let mut pool = 0u64;
+                            if all_reachable {
+                                if b.published.0 == n {
+                                    pool = b.published.1;
+                                }
+                                for p in parts.iter().filter_map(|part| part.peer) {
+                                    if p.returned_round == n
+                                        && let Some(r) = p.returned[ri].get(key)
+                                    {
+                                        pool = pool.saturating_add(r[li]);
+                                    }
+                                }
+                            }
+                            b.reshare(&l.limit, bucket_share(demands), pool, now);
                             idle = false;
                         }
                     }
@@ -2118,7 +2193,7 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
                     && g.spendable() == published
                     && (g.slot >= l.slot(boundary_time) || g.spendable() == 0)
             }),
-            LState::Bucket(_) => true,
+            LState::Bucket(b) => b.returned == 0,
         });
     if !quiet {
         return false;
