@@ -23,7 +23,8 @@ use crate::counter::{Actor, Delta, Digest};
 
 /// The version byte this node writes and the only one it reads. Version 3: a limit report
 /// carries the room the sender holds per slot (`held`) instead of a gap credit. Version 4:
-/// a bucket limit's report carries the tokens the sender gave back (`returned`).
+/// a bucket limit's report carries the share the sender holds (`share`) and the tokens it
+/// gave back (`returned`).
 pub const WIRE_VERSION: u8 = 4;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
@@ -114,7 +115,7 @@ pub struct KeyReport {
 }
 
 /// One limit's inputs in a [`KeyReport`]. A windowed limit sends `counts` and `held`; a
-/// bucket limit sends only `returned`.
+/// bucket limit sends `returned` and `share`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitReport {
     /// The sender's own absolute admitted count in each open slot, `(slot, count)`.
@@ -127,6 +128,9 @@ pub struct LimitReport {
     /// shrank below its level), in units of `1 / SHARE_ONE` token, for the consistent
     /// nodes to take up in proportion to their shares at this round's instant (design §3.5).
     pub returned: u64,
+    /// Bucket limits: the share of the rate and burst the sender holds, out of `SHARE_ONE`;
+    /// 0 when it holds the default, one over the number of participants (design §3.5).
+    pub share: u64,
 }
 
 /// Why a frame could not be encoded or decoded.
@@ -226,11 +230,13 @@ mod tests {
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..3),
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..3),
             any::<u64>(),
+            any::<u64>(),
         )
-            .prop_map(|(counts, held, returned)| LimitReport {
+            .prop_map(|(counts, held, returned, share)| LimitReport {
                 counts,
                 held,
                 returned,
+                share,
             });
         let key = (
             "[a-z]{0,8}",

@@ -356,11 +356,16 @@ struct BState {
     level: i128,
     /// When `level` was last brought up to date.
     at: Nanos,
-    /// This node's share of the rate and capacity, out of [`SHARE_ONE`].
+    /// This node's share of the rate and capacity, out of [`SHARE_ONE`]: held, like a
+    /// window's room (design §3.5). It shrinks towards its target at a consistent instant
+    /// and grows only there, into the share no participant's frame says it holds.
     share: u64,
     /// Tokens clipped at instants since the last boundary (the share shrank below the
     /// level), in units of `1 / SHARE_ONE` token: the next frame gives them back.
     returned: u64,
+    /// A smaller share decided at the last instant, held from the next boundary on (until
+    /// then this node keeps using the share its last frame published). 0: none.
+    shrink_to: u64,
     /// What the frame of round `.0` gave back (`.1`, as `returned`): the consistent nodes
     /// take it up at that round's instant, in proportion to their shares.
     published: (u64, u64),
@@ -385,19 +390,18 @@ impl BState {
             .min(self.cap(limit))
     }
 
-    /// A consistent instant: the share becomes `share`; tokens above the new capacity are
-    /// clipped and set aside to be given back; then this node takes up its share of `pool`,
-    /// the tokens every participant gave back in this round's frames (`1 / SHARE_ONE`
-    /// token units), up to its capacity. Shares sum to at most one, so the cluster takes up
-    /// at most what was given back, and only once (design §3.5).
-    fn reshare(&mut self, limit: &Limit, share: u64, pool: u64, now: Nanos) {
+    /// An instant with every participant's frame in: the share becomes `share`; tokens
+    /// above the new capacity are clipped and set aside to be given back; then this node
+    /// takes up `taken` (`1 / SHARE_ONE` token units) of what the participants gave back in
+    /// this round's frames, up to its capacity (design §3.5).
+    fn reshare(&mut self, limit: &Limit, share: u64, taken: u64, now: Nanos) {
         let period = i128::from(limit.period());
         let level = self.level_at(limit, now);
         self.share = share;
         let cap = self.cap(limit);
         let clipped = u64::try_from((level - cap).max(0) / period).unwrap_or(u64::MAX);
         self.returned = self.returned.saturating_add(clipped);
-        let taken = i128::from(pool) * i128::from(share) / i128::from(SHARE_ONE) * period;
+        let taken = i128::from(taken) * period;
         self.level = level.min(cap).saturating_add(taken).min(cap);
         self.at = self.at.max(now);
     }
@@ -409,7 +413,9 @@ enum LState {
     Bucket(BState),
 }
 
-/// What a frame says of one key: demand, and per limit the room held, `(slot, units)`.
+/// What a frame says of one key: demand, and per limit what is held: for a windowed limit
+/// the room held, `(slot, units)` per slot; for a bucket limit `[(0, share)]` when the share
+/// held is not the default one over the participants, else nothing.
 type Summary = (u64, Vec<Vec<(u64, u64)>>);
 
 /// One key of a global rule.
@@ -438,7 +444,7 @@ pub struct GKey {
 
 impl GKey {
     fn fresh(rule: &GRule, now: Nanos, participants: u64) -> GKey {
-        let share = SHARE_ONE / participants.max(1);
+        let share = default_share(participants);
         let limits = rule
             .limits
             .iter()
@@ -449,6 +455,7 @@ impl GKey {
                         at: now,
                         share,
                         returned: 0,
+                        shrink_to: 0,
                         published: (0, 0),
                     };
                     b.level = b.cap(&l.limit);
@@ -471,8 +478,8 @@ impl GKey {
     }
 
     /// Whether forgetting the key changes nothing: no demand, no counts, no lease in use and
-    /// full buckets.
-    fn is_fresh(&self, rule: &GRule, now: Nanos) -> bool {
+    /// full buckets holding the default share of `participants`.
+    fn is_fresh(&self, rule: &GRule, now: Nanos, participants: u64) -> bool {
         self.arrivals == 0
             && self.demand == 0
             && self
@@ -486,7 +493,9 @@ impl GKey {
                         && w.grants.iter().all(|g| g.used == 0 && g.allowance == 0)
                 }
                 LState::Bucket(b) => {
-                    b.returned == 0 && b.level_at(&l.limit, now) >= b.cap(&l.limit)
+                    b.returned == 0
+                        && b.share == default_share(participants)
+                        && b.level_at(&l.limit, now) >= b.cap(&l.limit)
                 }
             })
     }
@@ -608,6 +617,7 @@ struct Part<'a> {
 struct Scratch<'a> {
     demands: Vec<u64>,
     reports: Vec<Option<&'a Summary>>,
+    shares: Vec<u64>,
 }
 
 /// State only the round task touches.
@@ -843,7 +853,7 @@ impl Global {
             key,
             now,
             || GKey::fresh(r, now, n),
-            |k| k.is_fresh(r, now),
+            |k| k.is_fresh(r, now, n),
             |k| {
                 let (index, decision) = self.decide(r, k, cost, max_wait, now, phase, n);
                 charge(r, k, &decision, cost, now, n);
@@ -1314,6 +1324,7 @@ impl Global {
             .map(|(node, _)| node.clone())
             .collect();
         let boundary_time = n * self.params.round;
+        let default = default_share(self.participants.load(Ordering::Relaxed));
         let mut keys = Vec::new();
         for r in &self.rules {
             r.store.visit(|key, k| {
@@ -1328,9 +1339,19 @@ impl Global {
                     let w = match s {
                         LState::Window(w) => w,
                         LState::Bucket(b) => {
+                            // The share the last instant decided to give up is given up now,
+                            // as this frame publishes it.
+                            let to = std::mem::take(&mut b.shrink_to);
+                            if to > 0 && to < b.share {
+                                b.reshare(&l.limit, to, 0, now);
+                            }
                             b.published = (n, std::mem::take(&mut b.returned));
                             gives_back |= b.published.1 > 0;
-                            helds.push(Vec::new());
+                            helds.push(if b.share == default {
+                                Vec::new()
+                            } else {
+                                vec![(0, b.share)]
+                            });
                             continue;
                         }
                     };
@@ -1388,10 +1409,11 @@ impl Global {
                             LState::Window(w) => LimitReport {
                                 counts: w.own.clone(),
                                 held: held.clone(),
-                                returned: 0,
+                                ..LimitReport::default()
                             },
                             LState::Bucket(b) => LimitReport {
                                 returned: if b.published.0 == n { b.published.1 } else { 0 },
+                                share: held.first().map_or(0, |&(_, share)| share),
                                 ..LimitReport::default()
                             },
                         })
@@ -1445,7 +1467,8 @@ impl Global {
     /// Whether the boundary of round `n` keeps a key: it holds state, or peers reported on it
     /// recently (it must be allotted, not mistaken for a new key).
     fn keep(&self, r: &GRule, k: &GKey, n: u64, now: Nanos) -> bool {
-        !k.is_fresh(r, now) || k.remote_round + 2 * self.params.full_every >= n
+        !k.is_fresh(r, now, self.participants.load(Ordering::Relaxed))
+            || k.remote_round + 2 * self.params.full_every >= n
     }
 
     /// Applies a peer's round (all its parts): counts as dots, reports as the latest inputs.
@@ -1520,19 +1543,27 @@ impl Global {
             let mut returned = Vec::new();
             let mut bad = false;
             for (li, (l, lr)) in rule.limits.iter().zip(&report.limits).enumerate() {
-                // Tokens given back: a bucket's, at most a whole bucket (a level never
-                // exceeds its capacity, which is at most `burst`, or one unit).
-                let most = if l.kind == Kind::Bucket {
-                    l.limit.burst().max(1).saturating_mul(SHARE_ONE)
-                } else {
-                    0
-                };
-                if lr.returned > most {
-                    bad = true;
-                } else if lr.returned > 0 {
-                    returned.resize(rule.limits.len(), 0);
-                    returned[li] = lr.returned;
+                if l.kind == Kind::Bucket {
+                    // A bucket reports the share it holds (none: the default) and the tokens
+                    // it gave back, at most a whole bucket (a level never exceeds its
+                    // capacity: at most `burst`, or one unit). No counts, no room.
+                    let most = l.limit.burst().max(1).saturating_mul(SHARE_ONE);
+                    bad |= lr.share > SHARE_ONE
+                        || lr.returned > most
+                        || !lr.counts.is_empty()
+                        || !lr.held.is_empty();
+                    if lr.returned > 0 && lr.returned <= most {
+                        returned.resize(rule.limits.len(), 0);
+                        returned[li] = lr.returned;
+                    }
+                    helds.push(if lr.share > 0 && lr.share <= SHARE_ONE {
+                        vec![(0, lr.share)]
+                    } else {
+                        Vec::new()
+                    });
+                    continue;
                 }
+                bad |= lr.share > 0 || lr.returned > 0;
                 let cur = l.slot(now);
                 let ceiling = l.limit.limit().saturating_mul(members);
                 for &(slot, count) in &lr.counts {
@@ -1708,13 +1739,25 @@ impl Global {
         // consistent with the view of the last consistent one (so the same participants), and
         // the key's inputs did not change since (degraded instants in between keep the flag).
         let renewable = consistent && st_ref.consistent_view == my_view;
+        // Bucket shares move only when every participant's frame is in (not while a
+        // participant is suspected under `hold`).
+        let all_in = consistent && parts.iter().all(|p| p.reachable);
+        let default = default_share(participants);
         for (ri, r) in self.rules.iter().enumerate() {
             r.store.visit(|key, k| {
                 if regrown {
-                    for s in k.limits.iter_mut() {
-                        if let LState::Window(w) = s {
-                            for g in &mut w.grants {
-                                g.allowance = g.used;
+                    for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
+                        match s {
+                            LState::Window(w) => {
+                                for g in &mut w.grants {
+                                    g.allowance = g.used;
+                                }
+                            }
+                            // Each side held shares summing to the whole; keep a floor and
+                            // grow back from the room the merged frames show free.
+                            LState::Bucket(b) => {
+                                let floor = default / BUCKET_FLOOR;
+                                b.reshare(&l.limit, b.share.min(floor).max(1), 0, now);
                             }
                         }
                     }
@@ -1781,24 +1824,38 @@ impl Global {
                             idle &= !in_use;
                         }
                         LState::Bucket(b) => {
-                            // Tokens given back in this round's frames, taken up only when
-                            // every participant's frame is in (all_reachable): then every
-                            // consistent node reads the same pool and the same demands.
-                            let mut pool = 0u64;
-                            if all_reachable {
-                                if b.published.0 == n {
-                                    pool = b.published.1;
-                                }
-                                for p in parts.iter().filter_map(|part| part.peer) {
-                                    if p.returned_round == n
-                                        && let Some(r) = p.returned[ri].get(key)
-                                    {
-                                        pool = pool.saturating_add(r[li]);
-                                    }
+                            idle = false;
+                            // Shares move, and tokens given back in this round's frames are
+                            // taken up, only when every participant's frame is in: then
+                            // every consistent node reads the same shares, demands and pool.
+                            // Otherwise the share is held as it is (design §3.5).
+                            if !all_in {
+                                continue;
+                            }
+                            let mut pool = if b.published.0 == n { b.published.1 } else { 0 };
+                            scratch.shares.clear();
+                            scratch.shares.push(b.share);
+                            for (part, report) in parts.iter().zip(&scratch.reports).skip(1) {
+                                let held = report.and_then(|(_, h)| h.get(li)?.first());
+                                scratch.shares.push(held.map_or(default, |&(_, s)| s));
+                                if let Some(p) = part.peer
+                                    && p.returned_round == n
+                                    && let Some(r) = p.returned[ri].get(key)
+                                {
+                                    pool = pool.saturating_add(r[li]);
                                 }
                             }
-                            b.reshare(&l.limit, bucket_share(demands), pool, now);
-                            idle = false;
+                            // Each takes up its target's part of the tokens given back: the
+                            // targets sum to at most one, so together at most the pool.
+                            let (share, target) = held_share(demands, &scratch.shares);
+                            let taken =
+                                u128::from(pool) * u128::from(target) / u128::from(SHARE_ONE);
+                            let taken = u64::try_from(taken).unwrap_or(0);
+                            // A smaller share is held from the next boundary: until then no
+                            // one else can be granted the room (the frames of this round say
+                            // this node holds it), so this node keeps using it.
+                            b.shrink_to = if share < b.share { share } else { 0 };
+                            b.reshare(&l.limit, share.max(b.share), taken, now);
                         }
                     }
                 }
@@ -2429,21 +2486,52 @@ fn lease_weights(demands: &[u64]) -> Vec<u128> {
         .collect()
 }
 
-/// This node's bucket share out of [`SHARE_ONE`]: `μ_b/N + (1 − μ_b)·d/D`, μ_b = 1/100.
-/// `demands[0]` is this node; held members keep their last demand.
-fn bucket_share(demands: &[u64]) -> u64 {
+/// The default bucket share of a key nobody has reported on: one over the participants.
+fn default_share(participants: u64) -> u64 {
+    SHARE_ONE / participants.max(1)
+}
+
+/// Participant `i`'s target bucket share out of [`SHARE_ONE`]: `μ_b/N + (1 − μ_b)·d_i/D`,
+/// μ_b = 1/100, or `1/N` when nobody has demand; `total` is `D`. Targets sum to at most
+/// [`SHARE_ONE`].
+fn bucket_target(demands: &[u64], total: u128, i: usize) -> u64 {
     let n = demands.len() as u128;
-    let total: u128 = demands.iter().map(|&d| u128::from(d)).sum();
     let one = u128::from(SHARE_ONE);
     if total == 0 {
         return u64::try_from(one / n.max(1)).unwrap_or(1);
     }
     let f = u128::from(BUCKET_FLOOR);
-    let mine = u128::from(demands[0]);
-    let num = total + (f - 1) * n * mine;
-    u64::try_from(one * num / (f * n * total))
-        .unwrap_or(1)
-        .max(1)
+    let num = total + (f - 1) * n * u128::from(demands[i]);
+    u64::try_from(one * num / (f * n * total)).unwrap_or(1)
+}
+
+/// This node's new bucket share at an instant where every participant's frame is in
+/// (design §3.5). `demands` and `held` (the shares their frames say they hold) list this
+/// node first. Above one and a half times its target it shrinks to the target; it grows
+/// only into the room no frame says is held, which every such node splits the same way
+/// among those below their targets (in proportion to how far below), so the shares held
+/// never sum to more than [`SHARE_ONE`]. The share is at least 1; also returns this
+/// node's target.
+fn held_share(demands: &[u64], held: &[u64]) -> (u64, u64) {
+    let total: u128 = demands.iter().map(|&d| u128::from(d)).sum();
+    let free = u128::from(SHARE_ONE).saturating_sub(held.iter().map(|&s| u128::from(s)).sum());
+    let short = |i: usize| u128::from(bucket_target(demands, total, i).saturating_sub(held[i]));
+    let mine = short(0);
+    let mut grant = mine;
+    if mine > 0 {
+        let all: u128 = (0..demands.len()).map(short).sum();
+        if all > free {
+            grant = free * mine / all;
+        }
+    }
+    let t0 = bucket_target(demands, total, 0);
+    // Within half the target above it, the share is kept: a share given up is free to the
+    // others only a round later, so following every wobble of the demands wastes room.
+    let kept = if held[0] <= t0 + t0 / 2 { held[0] } else { t0 };
+    let share = u64::try_from(u128::from(kept) + grant)
+        .unwrap_or(SHARE_ONE)
+        .max(1);
+    (share, t0)
 }
 
 #[cfg(test)]

@@ -464,11 +464,13 @@ mod hostile {
             proptest::collection::vec((slot.clone(), any::<u64>()), 0..3),
             proptest::collection::vec((slot, any::<u64>()), 0..3),
             prop_oneof![Just(0), Just(SHARE_ONE), any::<u64>()],
+            prop_oneof![Just(0), Just(SHARE_ONE / 2), Just(SHARE_ONE), any::<u64>()],
         )
-            .prop_map(|(counts, held, returned)| LimitReport {
+            .prop_map(|(counts, held, returned, share)| LimitReport {
                 counts,
                 held,
                 returned,
+                share,
             });
         (
             prop_oneof![Just("w"), Just("c"), Just("l"), Just("t"), Just("nope")],
@@ -662,8 +664,14 @@ fn rules_bucket() -> Vec<(String, Vec<Limit>)> {
 /// admissions in [t, u] less `burst + rate·(u − t + 1 ms)`, from per-ms admissions
 /// (`sim.window` = 1 ms).
 fn worst_excess(sim: &Sim, rate: u64, burst: u64) -> i64 {
+    worst_excess_from(sim, rate, burst, 0)
+}
+
+/// [`worst_excess`] over the intervals that start at or after `from` (virtual time).
+fn worst_excess_from(sim: &Sim, rate: u64, burst: u64, from: Nanos) -> i64 {
     assert_eq!(sim.window, MS);
-    let per_ms = sim.per_window();
+    let mut per_ms = sim.per_window();
+    per_ms.retain(|&ms, _| ms >= from / MS);
     // Over [t, u]: A(u) − A(t−1) − burst − rate·(u − t + 1)/1000, maximised over t ≤ u by
     // keeping the largest rate·t/1000 − A(t−1) seen so far (in thousandths of a unit).
     let (mut admitted, mut best_start, mut worst) = (0i64, i64::MIN, i64::MIN);
@@ -678,10 +686,11 @@ fn worst_excess(sim: &Sim, rate: u64, burst: u64) -> i64 {
 }
 
 #[test]
-fn given_back_tokens_keep_skewed_and_moving_buckets_near_a_central_one() {
+fn held_shares_keep_skewed_and_moving_buckets_near_a_central_one() {
     // 2x load for 10 s on a fresh key: a central bucket (full at the start) admits
-    // 100 + 10 × 100 = 1,100. Without giving clipped tokens back, the fresh key's even
-    // split lost a burst (skewed: 1,031 of 1,100 at 3 nodes, 973 at 5; moving: 919 at 5).
+    // 100 + 10 × 100 = 1,100; issue 3 asks for ±5% under skew and ±10% with the hot node
+    // moving every 2 s. Without giving clipped tokens back, the fresh key's even split lost
+    // a burst (skewed: 1,031 of 1,100 at 3 nodes, 973 at 5; moving: 919 at 5).
     for seed in 1..=3 {
         for (n, loads) in [(3, vec![160, 20, 20]), (5, vec![160, 10, 10, 10, 10])] {
             for moving in [false, true] {
@@ -697,7 +706,8 @@ fn given_back_tokens_keep_skewed_and_moving_buckets_near_a_central_one() {
                 }
                 let (total, excess) = (sim.total(), worst_excess(&sim, 100, 100));
                 let what = format!("seed {seed}, {n} nodes, moving {moving}: {total}, +{excess}");
-                assert!((1045..=1100 + n as u64).contains(&total), "{what}");
+                let least = if moving { 990 } else { 1045 };
+                assert!((least..=1100 + n as u64).contains(&total), "{what}");
                 assert!(excess <= n as i64, "{what}");
             }
         }
@@ -705,14 +715,23 @@ fn given_back_tokens_keep_skewed_and_moving_buckets_near_a_central_one() {
 }
 
 #[test]
-fn given_back_tokens_never_push_a_bucket_past_its_bound() {
-    // The hot node moves every second, over lossy, slow or cut links (node 0 cut off both
-    // ways for 3 s from its turn as the hot node, under `hold`). Whatever is given back is
-    // taken up at most once, so no interval admits more than burst + rate × τ plus the
-    // one-unit capacity floor of each node (design §3.5).
+fn bucket_shares_and_given_back_tokens_never_push_a_bucket_past_its_bound() {
+    // The hot node moves every second, over lossy or slow links, or node 0 is cut off for
+    // 3 s from its turn as the hot node (under `hold`): both ways, both ways while demand
+    // rises on both sides, heard by nobody, or hearing nobody. Shares are held and grow
+    // only into room nobody holds, and whatever is given back is taken up at most once, so
+    // no interval admits more than burst + rate × τ plus the one-unit capacity floor of
+    // each node (design §3.5).
     for seed in 1..=4 {
         for (n, loads) in [(3, vec![160, 20, 20]), (5, vec![160, 10, 10, 10, 10])] {
-            for fault in ["loss", "delay", "partition"] {
+            for fault in [
+                "loss",
+                "delay",
+                "partition",
+                "busy partition",
+                "unheard",
+                "deaf",
+            ] {
                 let mut sim = Sim::new(n, rules_bucket(), Params::default(), seed);
                 sim.window = MS;
                 match fault {
@@ -724,11 +743,20 @@ fn given_back_tokens_never_push_a_bucket_past_its_bound() {
                 for step in 0..10 {
                     let mut l = loads.clone();
                     l.rotate_right(step % n);
-                    if step == 3 && fault == "partition" {
-                        sim.partition(&[0]);
+                    if step == 3 {
+                        match fault {
+                            "partition" | "busy partition" => sim.partition(&[0]),
+                            "unheard" => sim.net.cut.extend((1..n).map(|b| (0, b))),
+                            "deaf" => sim.net.cut.extend((1..n).map(|b| (b, 0))),
+                            _ => {}
+                        }
                     }
                     if step == 6 {
                         sim.net.cut.clear();
+                    }
+                    if (3..6).contains(&step) && fault == "busy partition" {
+                        // Demand rises on both sides of the cut.
+                        l = vec![160; n];
                     }
                     sim.load("b", "k", &l, SECOND);
                 }
@@ -739,5 +767,36 @@ fn given_back_tokens_never_push_a_bucket_past_its_bound() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn a_split_heal_gives_up_what_both_sides_held_of_a_bucket() {
+    // Under `split` each side takes the whole bucket once the other is declared dead, so
+    // at the heal the shares held sum to 2. Each node cuts its share to the floor when a
+    // member comes back and grows again from what the merged frames show free: from the
+    // heal on, no interval admits more than burst + rate × τ plus the capacity floor.
+    let params = Params {
+        on_partition: OnPartition::Split,
+        ..Params::default()
+    };
+    for seed in 1..=8 {
+        let mut sim = Sim::new(3, rules_bucket(), params.clone(), seed);
+        sim.window = MS;
+        sim.advance(300 * MS);
+        sim.load("b", "k", &[67, 67, 67], 2 * SECOND);
+        sim.partition(&[0]);
+        sim.load("b", "k", &[67, 67, 67], 3 * SECOND);
+        let during = sim.total();
+        sim.net.cut.clear();
+        let heal = sim.now;
+        sim.load("b", "k", &[67, 67, 67], 3 * SECOND);
+        let after = sim.total() - during;
+        let excess = worst_excess_from(&sim, 100, 100, heal);
+        assert!(
+            excess <= 3,
+            "seed {seed}: {after} after the heal, +{excess}"
+        );
+        assert!(after >= 250, "seed {seed}: {after} after the heal");
     }
 }
