@@ -357,17 +357,18 @@ struct BState {
     /// When `level` was last brought up to date.
     at: Nanos,
     /// This node's share of the rate and capacity, out of [`SHARE_ONE`]: held, like a
-    /// window's room (design §3.5). It shrinks towards its target at a consistent instant
-    /// and grows only there, into the share no participant's frame says it holds.
+    /// window's room (design §3.5). It moves only at an instant with every participant's
+    /// frame in: it grows there, into the share no frame says is held, and shrinks from the
+    /// next boundary, whose frame publishes it.
     share: u64,
-    /// Tokens clipped at instants since the last boundary (the share shrank below the
-    /// level), in units of `1 / SHARE_ONE` token: the next frame gives them back.
+    /// Tokens clipped since the last frame (the share shrank below the level), in units of
+    /// `1 / SHARE_ONE` token: the next frame gives them back.
     returned: u64,
     /// A smaller share decided at the last instant, held from the next boundary on (until
     /// then this node keeps using the share its last frame published). 0: none.
     shrink_to: u64,
-    /// What the frame of round `.0` gave back (`.1`, as `returned`): the consistent nodes
-    /// take it up at that round's instant, in proportion to their shares.
+    /// What the frame of round `.0` gave back (`.1`, as `returned`): the nodes with every
+    /// participant's frame in take it up at that round's instant, by their targets.
     published: (u64, u64),
 }
 
@@ -2250,7 +2251,8 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
                     && g.spendable() == published
                     && (g.slot >= l.slot(boundary_time) || g.spendable() == 0)
             }),
-            LState::Bucket(b) => b.returned == 0,
+            // Nothing to give back or give up (the frame must say so).
+            LState::Bucket(b) => b.returned == 0 && b.shrink_to == 0,
         });
     if !quiet {
         return false;
