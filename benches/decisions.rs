@@ -32,6 +32,15 @@
 //!
 //! `pure/...`: `Limit::decide` + `Limit::commit` of a token bucket (and `KeyState::check`),
 //! with no store, lock, hash or clock, to separate the algorithm from the store.
+//!
+//! # Cluster
+//!
+//! `cluster/...`: the same token bucket (`fixed` regime) as a local rule and as a
+//! `scope = "global"` rule of an engine built by `Engine::clustered`, whose keys live in the
+//! cluster's `Global` (its state holds a share and a bucket per key; no round runs during the
+//! measurement, as none touches the check path's locks except a key's shard for a moment).
+//! The check path of a global rule reads local state only (design.md §3.1): this compares
+//! the two decisions directly, without the HTTP path or the other nodes' CPU.
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
@@ -39,7 +48,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use gossamer::clock::ManualClock;
+use gossamer::cluster::global::Params;
 use gossamer::config::{Rule, Scope};
+use gossamer::counter::Actor;
 use gossamer::engine::Engine;
 use gossamer::limiter::{Algorithm, KeyState, Limit, MAX_LIMIT, MILLISECOND, Nanos, SECOND};
 
@@ -302,8 +313,58 @@ fn pure(c: &mut Criterion) {
     group.finish();
 }
 
+fn cluster(c: &mut Criterion, keys: &Keys) {
+    let mut group = c.benchmark_group("cluster");
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
+    let clock = Arc::new(ManualClock::new(T0));
+    let rule = |name: &str, scope| Rule {
+        name: name.into(),
+        limits: fixed_rule(),
+        scope,
+        max_wait: 0,
+    };
+    let (engine, _global) = Engine::clustered(
+        vec![rule("local", Scope::Local), rule("global", Scope::Global)],
+        2 * MANY,
+        clock,
+        Actor::new("node-1", 1),
+        Params::default(),
+    )
+    .expect("valid rules");
+    for name in ["local", "global"] {
+        let check = |key: &str| {
+            engine
+                .check(name, key, 1, 0)
+                .expect("the rule exists")
+                .decision
+                .allowed()
+        };
+        group.bench_function(format!("token_bucket/{name}/hot"), |b| {
+            b.iter(|| black_box(check(black_box(HOT))));
+        });
+        // 10,000 keys, cycled (each checked once before measuring).
+        let few = 10_000;
+        for i in 0..few {
+            assert!(check(keys.get(i)), "populating must admit");
+        }
+        let mut i = 0;
+        group.bench_function(format!("token_bucket/{name}/10k"), |b| {
+            b.iter(|| {
+                let admitted = check(keys.get(i));
+                i = (i + 1) % few;
+                black_box(admitted)
+            });
+        });
+    }
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
     let keys = Keys::new();
+    cluster(c, &keys);
     pure(c);
     fixed(c, &keys);
     ticking(c, &keys);

@@ -403,7 +403,10 @@ enum Fault {
 /// 3 and 4: under 2x load, node-2 is cut off for 3 s, starting 100 ms into a window; every
 /// window stays within the limit exactly (`on_partition = "hold"`); after the heal every node
 /// agrees on the tracer's `remaining`, which equals the limit minus every admission the test
-/// saw.
+/// saw. The token bucket, hot at node-2 (160/s, 20/s at the others) and, while node-2 is
+/// cut off, hot at the others too (160/s each), never admits more than burst + rate × τ +
+/// (N − 1) over any interval: shares are held, so neither side takes more than it held
+/// (design §3.5; shares recomputed from the last demands went over in the simulation).
 async fn partition(mut lab: Lab, tag: &str, fault: Fault) {
     let slack = 0;
     away_from_day_edge(&lab, Duration::from_secs(40)).await;
@@ -413,6 +416,8 @@ async fn partition(mut lab: Lab, tag: &str, fault: Fault) {
     let rate = 2.0 * W_LIMIT as f64 / W_PERIOD.as_secs_f64();
     let w = Load::start(&addrs, "w", "k3", rate, 2);
     let tracer = Load::start(&addrs, "long", "t3", 90.0, 1);
+    let hot = Load::start(&addrs[2..3], "bucket", "b3", 160.0, 1);
+    let cold = Load::start(&addrs[..2], "bucket", "b3", 40.0, 1);
     let monitor = Monitor::start(&addrs);
     // Cut 100 ms into a window, after 2 s or more of load: most of that window's room is
     // still unspent when the sides part.
@@ -443,7 +448,9 @@ async fn partition(mut lab: Lab, tag: &str, fault: Fault) {
         }
     }
     eprintln!("[{tag}] cut node-{victim} off ({fault:?})");
+    let busy = Load::start(&addrs[..2], "bucket", "b3", 280.0, 1);
     sleep(Duration::from_secs(3)).await;
+    let busy = busy.stop().await;
     let during = remaining_everywhere(&lab, "long", "t3").await;
     let tracer = tracer.stop().await;
     let healed_at = Instant::now();
@@ -456,9 +463,25 @@ async fn partition(mut lab: Lab, tag: &str, fault: Fault) {
     wait_formed(tag, &lab, Duration::from_secs(15)).await;
     sleep(Duration::from_secs(1)).await;
     let w = w.stop().await;
+    let (hot, cold) = (hot.stop().await, cold.stop().await);
     lab.assert_running();
     let monitor = monitor.stop().await;
     monitor.report(tag, cut_at);
+    let bucket: Vec<&Sample> = [&hot, &cold, &busy]
+        .iter()
+        .flat_map(|l| l.samples.iter())
+        .collect();
+    let (admitted, excess) = bucket_excess(&bucket);
+    eprintln!(
+        "[{tag}] token bucket 100/s burst 100: {admitted} admitted ({} hot at node-2, {} at the others, {} of them while cut off); most above burst + rate x tau over any interval: {excess:.1} (allowed N - 1 = 2)",
+        hot.admitted(),
+        cold.admitted() + busy.admitted(),
+        busy.admitted()
+    );
+    assert!(
+        excess <= 2.0,
+        "[{tag}] the bucket admitted {excess:.1} above burst + rate x tau"
+    );
     timeline(tag, &w, 3, cut_at);
     check_windows(
         tag,
@@ -547,4 +570,24 @@ fn udp_loss_20_percent() {
         );
         lab.finish();
     });
+}
+
+/// Admissions of a token bucket of [`BUCKET_RATE`] and [`BUCKET_BURST`], and the most they
+/// exceed `burst + rate × τ` over any interval τ: for admissions i..j by time sent, τ runs
+/// from i's sending to the last answer among them (each was admitted in between), so the
+/// figure can only be generous to the cluster by the answers' latency.
+fn bucket_excess(samples: &[&Sample]) -> (usize, f64) {
+    let mut admitted: Vec<&Sample> = samples.iter().copied().filter(|s| s.allowed).collect();
+    admitted.sort_by_key(|s| s.sent);
+    let mut worst = f64::MIN;
+    for (i, first) in admitted.iter().enumerate() {
+        let mut last = first.answered;
+        for (k, s) in admitted[i..].iter().enumerate() {
+            last = last.max(s.answered);
+            let tau = last.saturating_duration_since(first.sent).as_secs_f64();
+            let excess = (k + 1) as f64 - BUCKET_BURST - BUCKET_RATE * tau;
+            worst = worst.max(excess);
+        }
+    }
+    (admitted.len(), worst)
 }
