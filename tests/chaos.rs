@@ -33,7 +33,7 @@ mod lab;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -923,6 +923,8 @@ struct Made {
     namespaces: Vec<String>,
     links: Vec<String>,
     pids: Vec<u32>,
+    /// The lab's log directory, which a failed scenario keeps for reading.
+    logs: PathBuf,
 }
 
 /// Panics unless every namespace and link in `made` is gone (their nftables tables lived in
@@ -979,6 +981,7 @@ fn cleanup_after(what: &str, limit: Duration, overrun: bool) {
                     .iter()
                     .filter_map(|n| n.child.as_ref().map(std::process::Child::id))
                     .collect(),
+                logs: lab.dir.clone(),
             };
             let rules = format!(
                 "table inet {CLEANUP_TABLE} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    meta l4proto udp drop\n  }}\n}}\n"
@@ -995,6 +998,8 @@ fn cleanup_after(what: &str, limit: Duration, overrun: bool) {
     assert!(failed.is_err(), "[{what}] the scenario was meant to fail");
     let made = made.lock().expect("record").clone();
     assert_removed(what, &made);
+    // The failure was deliberate: its logs, kept as for any failure, are not worth keeping.
+    let _ = std::fs::remove_dir_all(&made.logs);
     eprintln!(
         "[{what}] removed after the failure: {} namespaces, {} links, {} processes",
         made.namespaces.len(),
