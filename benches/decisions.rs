@@ -130,11 +130,29 @@ fn engine(limits: Vec<Limit>) -> (Arc<ManualClock>, Engine) {
 }
 
 fn check(engine: &Engine, key: &str) -> bool {
+    check_rule(engine, "r", key)
+}
+
+fn check_rule(engine: &Engine, rule: &str, key: &str) -> bool {
     engine
-        .check("r", key, 1, 0)
+        .check(rule, key, 1, 0)
         .expect("the rule exists")
         .decision
         .allowed()
+}
+
+/// A benchmark group of 30 samples, 1 s of warm-up and `secs` of measurement.
+fn group<'c>(
+    c: &'c mut Criterion,
+    name: &str,
+    secs: u64,
+) -> criterion::BenchmarkGroup<'c, criterion::measurement::WallTime> {
+    let mut group = c.benchmark_group(name);
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(secs));
+    group
 }
 
 /// Checks every key once (each key then holds state), advancing the clock as in the run.
@@ -149,11 +167,7 @@ fn populate(engine: &Engine, clock: Option<&ManualClock>, keys: &Keys) {
 }
 
 fn ticking(c: &mut Criterion, keys: &Keys) {
-    let mut group = c.benchmark_group("ticking");
-    group
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    let mut group = group(c, "ticking", 3);
 
     let clock = ManualClock::new(T0);
     group.bench_function("clock_advance_only", |b| {
@@ -233,11 +247,7 @@ fn two_threads(
 }
 
 fn fixed(c: &mut Criterion, keys: &Keys) {
-    let mut group = c.benchmark_group("fixed");
-    group
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    let mut group = group(c, "fixed", 3);
 
     // The clock is never advanced; it is kept only to build the engine.
     let mut hot = None;
@@ -282,11 +292,7 @@ fn fixed(c: &mut Criterion, keys: &Keys) {
 }
 
 fn pure(c: &mut Criterion) {
-    let mut group = c.benchmark_group("pure");
-    group
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2));
+    let mut group = group(c, "pure", 2);
 
     let l = limit(Algorithm::TokenBucket, 1_000_000_000, SECOND, None);
     let mut state = l.fresh_state();
@@ -314,11 +320,7 @@ fn pure(c: &mut Criterion) {
 }
 
 fn cluster(c: &mut Criterion, keys: &Keys) {
-    let mut group = c.benchmark_group("cluster");
-    group
-        .sample_size(30)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
+    let mut group = group(c, "cluster", 3);
     let clock = Arc::new(ManualClock::new(T0));
     let rule = |name: &str, scope| Rule {
         name: name.into(),
@@ -335,13 +337,7 @@ fn cluster(c: &mut Criterion, keys: &Keys) {
     )
     .expect("valid rules");
     for name in ["local", "global"] {
-        let check = |key: &str| {
-            engine
-                .check(name, key, 1, 0)
-                .expect("the rule exists")
-                .decision
-                .allowed()
-        };
+        let check = |key: &str| check_rule(&engine, name, key);
         group.bench_function(format!("token_bucket/{name}/hot"), |b| {
             b.iter(|| black_box(check(black_box(HOT))));
         });

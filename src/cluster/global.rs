@@ -406,6 +406,22 @@ impl BState {
         self.level = level.min(cap).saturating_add(taken).min(cap);
         self.at = self.at.max(now);
     }
+
+    /// An instant with every participant's frame in: the new share from the demands and the
+    /// shares `held` (this node first, see [`held_share`]), and this node's part of `pool`,
+    /// the tokens given back in this round's frames.
+    fn move_share(&mut self, limit: &Limit, demands: &[u64], held: &[u64], pool: u64, now: Nanos) {
+        // Each takes up its target's part of the tokens given back: the targets sum to at
+        // most one, so together at most the pool.
+        let (share, target) = held_share(demands, held);
+        let taken = u128::from(pool) * u128::from(target) / u128::from(SHARE_ONE);
+        let taken = u64::try_from(taken).unwrap_or(0);
+        // A smaller share is held from the next boundary: until then no one else can be
+        // granted the room (the frames of this round say this node holds it), so this node
+        // keeps using it.
+        self.shrink_to = if share < self.share { share } else { 0 };
+        self.reshare(limit, share.max(self.share), taken, now);
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1549,15 +1565,15 @@ impl Global {
                     // it gave back, at most a whole bucket (a level never exceeds its
                     // capacity: at most `burst`, or one unit). No counts, no room.
                     let most = l.limit.burst().max(1).saturating_mul(SHARE_ONE);
-                    bad |= lr.share > SHARE_ONE
-                        || lr.returned > most
-                        || !lr.counts.is_empty()
-                        || !lr.held.is_empty();
-                    if lr.returned > 0 && lr.returned <= most {
+                    let returned_ok = lr.returned <= most;
+                    let share_ok = lr.share <= SHARE_ONE;
+                    bad |=
+                        !returned_ok || !share_ok || !lr.counts.is_empty() || !lr.held.is_empty();
+                    if returned_ok && lr.returned > 0 {
                         returned.resize(rule.limits.len(), 0);
                         returned[li] = lr.returned;
                     }
-                    helds.push(if lr.share > 0 && lr.share <= SHARE_ONE {
+                    helds.push(if share_ok && lr.share > 0 {
                         vec![(0, lr.share)]
                     } else {
                         Vec::new()
@@ -1846,17 +1862,7 @@ impl Global {
                                     pool = pool.saturating_add(r[li]);
                                 }
                             }
-                            // Each takes up its target's part of the tokens given back: the
-                            // targets sum to at most one, so together at most the pool.
-                            let (share, target) = held_share(demands, &scratch.shares);
-                            let taken =
-                                u128::from(pool) * u128::from(target) / u128::from(SHARE_ONE);
-                            let taken = u64::try_from(taken).unwrap_or(0);
-                            // A smaller share is held from the next boundary: until then no
-                            // one else can be granted the room (the frames of this round say
-                            // this node holds it), so this node keeps using it.
-                            b.shrink_to = if share < b.share { share } else { 0 };
-                            b.reshare(&l.limit, share.max(b.share), taken, now);
+                            b.move_share(&l.limit, demands, &scratch.shares, pool, now);
                         }
                     }
                 }
@@ -2518,7 +2524,8 @@ fn held_share(demands: &[u64], held: &[u64]) -> (u64, u64) {
     let total: u128 = demands.iter().map(|&d| u128::from(d)).sum();
     let free = u128::from(SHARE_ONE).saturating_sub(held.iter().map(|&s| u128::from(s)).sum());
     let short = |i: usize| u128::from(bucket_target(demands, total, i).saturating_sub(held[i]));
-    let mine = short(0);
+    let t0 = bucket_target(demands, total, 0);
+    let mine = u128::from(t0.saturating_sub(held[0]));
     let mut grant = mine;
     if mine > 0 {
         let all: u128 = (0..demands.len()).map(short).sum();
@@ -2526,7 +2533,6 @@ fn held_share(demands: &[u64], held: &[u64]) -> (u64, u64) {
             grant = free * mine / all;
         }
     }
-    let t0 = bucket_target(demands, total, 0);
     // Within half the target above it, the share is kept: a share given up is free to the
     // others only a round later, so following every wobble of the demands wastes room.
     let kept = if held[0] <= t0 + t0 / 2 { held[0] } else { t0 };

@@ -221,11 +221,7 @@ fn delay_within_the_settle_time_costs_nothing() {
 
 #[test]
 fn buckets_share_the_rate_by_demand() {
-    let rules = vec![(
-        "b".into(),
-        vec![bucket(Algorithm::TokenBucket, 100, SECOND, 100)],
-    )];
-    let mut sim = Sim::new(3, rules, Params::default(), 17);
+    let mut sim = Sim::new(3, rules_bucket(), Params::default(), 17);
     sim.advance(300 * MS);
     sim.load("b", "k", &[160, 20, 20], 10 * SECOND);
     let total = sim.total();
