@@ -460,8 +460,16 @@ pub struct GKey {
 }
 
 impl GKey {
-    fn fresh(rule: &GRule, now: Nanos, participants: u64) -> GKey {
-        let share = default_share(participants);
+    /// A key nobody here has used. A bucket starts full at the default share, except on a
+    /// node that has not joined (a starting or restarted one): the key may be in use, its
+    /// shares held by the others, and the old incarnation's tokens spent, so it starts empty
+    /// at the floor share and grows like any other share (design §3.5, "Restart").
+    fn fresh(rule: &GRule, now: Nanos, participants: u64, joined: bool) -> GKey {
+        let share = if joined {
+            default_share(participants)
+        } else {
+            (default_share(participants) / BUCKET_FLOOR).max(1)
+        };
         let limits = rule
             .limits
             .iter()
@@ -475,7 +483,9 @@ impl GKey {
                         shrink_to: 0,
                         published: (0, 0),
                     };
-                    b.level = b.cap(&l.limit);
+                    if joined {
+                        b.level = b.cap(&l.limit);
+                    }
                     LState::Bucket(b)
                 }
                 _ => LState::Window(WState::default()),
@@ -869,7 +879,7 @@ impl Global {
         r.store.update(
             key,
             now,
-            || GKey::fresh(r, now, n),
+            || GKey::fresh(r, now, n, self.joined()),
             |k| k.is_fresh(r, now, n),
             |k| {
                 let (index, decision) = self.decide(r, k, cost, max_wait, now, phase, n);
@@ -890,7 +900,7 @@ impl Global {
             let k = match k {
                 Some(k) => k,
                 None => {
-                    fresh = GKey::fresh(r, now, n);
+                    fresh = GKey::fresh(r, now, n, self.joined());
                     &fresh
                 }
             };
@@ -1163,6 +1173,7 @@ impl Global {
                 // Every key the repair counts is tracked from now on, with the counts it now
                 // knows (for `remaining` at once), and allotted at the next instant.
                 let members = self.participants.load(Ordering::Relaxed);
+                let joined = self.joined();
                 for (slot, _) in &entries {
                     let Some(rule) = self
                         .rules
@@ -1175,7 +1186,7 @@ impl Global {
                     let tracked = rule.store.update(
                         &slot.key,
                         now,
-                        || GKey::fresh(rule, now, members),
+                        || GKey::fresh(rule, now, members, joined),
                         |_| false,
                         |k| {
                             k.inputs_changed = true;
@@ -1545,6 +1556,7 @@ impl Global {
         p.returned.iter_mut().for_each(HashMap::clear);
         p.returned_round = frame.round;
         let members = (peers.len() + 1) as u64;
+        let joined = self.joined();
         let Some(p) = peers.get_mut(node) else { return };
         for report in frame.keys {
             let Some(&ri) = self.by_name.get(&report.rule) else {
@@ -1621,7 +1633,7 @@ impl Global {
                 .update(
                     &report.key,
                     now,
-                    || GKey::fresh(rule, now, members),
+                    || GKey::fresh(rule, now, members, joined),
                     |_| false,
                     |k| {
                         k.inputs_changed = true;
@@ -2522,7 +2534,8 @@ fn bucket_target(demands: &[u64], total: u128, i: usize) -> u64 {
 /// node's target.
 fn held_share(demands: &[u64], held: &[u64]) -> (u64, u64) {
     let total: u128 = demands.iter().map(|&d| u128::from(d)).sum();
-    let free = u128::from(SHARE_ONE).saturating_sub(held.iter().map(|&s| u128::from(s)).sum());
+    let held_sum: u128 = held.iter().map(|&s| u128::from(s)).sum();
+    let free = u128::from(SHARE_ONE).saturating_sub(held_sum);
     let short = |i: usize| u128::from(bucket_target(demands, total, i).saturating_sub(held[i]));
     let t0 = bucket_target(demands, total, 0);
     let mine = u128::from(t0.saturating_sub(held[0]));
@@ -2534,8 +2547,14 @@ fn held_share(demands: &[u64], held: &[u64]) -> (u64, u64) {
         }
     }
     // Within half the target above it, the share is kept: a share given up is free to the
-    // others only a round later, so following every wobble of the demands wastes room.
-    let kept = if held[0] <= t0 + t0 / 2 { held[0] } else { t0 };
+    // others only a round later, so following every wobble of the demands wastes room. But
+    // if the shares held sum past the whole (a node that took the default share of a key
+    // before it heard that others hold it all), nobody keeps more than its target.
+    let kept = if held[0] <= t0 + t0 / 2 && held_sum <= u128::from(SHARE_ONE) {
+        held[0]
+    } else {
+        held[0].min(t0)
+    };
     let share = u64::try_from(u128::from(kept) + grant)
         .unwrap_or(SHARE_ONE)
         .max(1);

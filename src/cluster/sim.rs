@@ -35,6 +35,9 @@ pub mod report;
 /// How long a node holds a silent peer alive (chitchat at a 100 ms gossip interval takes
 /// 0.4–0.8 s; `membership.rs`).
 pub const DETECT: Nanos = 600 * MILLISECOND;
+/// How long a restarted node waits to pull before it serves global rules anyway (the
+/// default `ready_timeout`).
+pub const READY_TIMEOUT: Nanos = 5 * SECOND;
 /// Virtual time starts here: round-aligned and far from the epoch.
 pub const START: Nanos = 1_700_000_000 * SECOND;
 const MS: Nanos = MILLISECOND;
@@ -83,6 +86,10 @@ pub struct Sim {
     generations: Vec<u64>,
     /// Until when a node is paused.
     paused: Vec<Option<Nanos>>,
+    /// Since when a (restarted) node has been waiting to join: it takes no lease until it
+    /// has pulled every live peer's counts or [`READY_TIMEOUT`] has passed, as
+    /// `cluster/node.rs`'s `join` task has it.
+    joining: Vec<Option<Nanos>>,
     /// Whether a node's current generation left gracefully (gossiped as leaving), and the
     /// round from which its frames carry every admission it made, if it got that far.
     left: Vec<Option<Option<u64>>>,
@@ -124,6 +131,7 @@ impl Sim {
             params,
             generations: vec![1; n],
             paused: vec![None; n],
+            joining: vec![None; n],
             left: vec![None; n],
             queue: BTreeMap::new(),
             seq: 0,
@@ -154,6 +162,19 @@ impl Sim {
             1_000_000,
         )
         .expect("rules fit the params")
+    }
+
+    /// Marks joined every waiting node that has pulled (or waited long enough).
+    fn join(&mut self) {
+        for i in 0..self.nodes.len() {
+            let (Some(since), Some(g)) = (self.joining[i], &self.nodes[i]) else {
+                continue;
+            };
+            if g.peer_count() > 0 && g.pulled() || self.now >= since + READY_TIMEOUT {
+                g.set_joined(true);
+                self.joining[i] = None;
+            }
+        }
     }
 
     /// Node `i`'s clock.
@@ -284,6 +305,7 @@ impl Sim {
             self.now = (self.now + MS).min(end);
             if self.now % (100 * MS) == 0 {
                 self.gossip();
+                self.join();
             }
             for i in 0..self.nodes.len() {
                 if self.paused[i].is_some_and(|until| until <= self.now) {
@@ -394,6 +416,7 @@ impl Sim {
     pub fn crash(&mut self, i: usize) {
         self.nodes[i] = None;
         self.paused[i] = None;
+        self.joining[i] = None;
         self.queue.retain(|_, m| m.1 != i);
     }
 
@@ -428,10 +451,13 @@ impl Sim {
     }
 
     /// Starts node `i` again as a new generation; peers learn of it through membership.
-    fn restart_quietly(&mut self, i: usize) {
+    pub fn restart_quietly(&mut self, i: usize) {
         self.generations[i] += 1;
         self.left[i] = None;
-        self.nodes[i] = Some(self.make(i));
+        let g = self.make(i);
+        g.set_joined(false);
+        self.nodes[i] = Some(g);
+        self.joining[i] = Some(self.now);
         self.told[i].clear();
         self.announce(i);
     }
