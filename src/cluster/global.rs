@@ -461,11 +461,12 @@ pub struct GKey {
 
 impl GKey {
     /// A key nobody here has used. A bucket starts full at the default share, except on a
-    /// node that has not joined (a starting or restarted one): the key may be in use, its
-    /// shares held by the others, and the old incarnation's tokens spent, so it starts empty
-    /// at the floor share and grows like any other share (design §3.5, "Restart").
-    fn fresh(rule: &GRule, now: Nanos, participants: u64, joined: bool) -> GKey {
-        let share = if joined {
+    /// node that has not settled (a starting or restarted one, see `Global::settled`): the
+    /// key may be in use, its shares held by the others, and the old incarnation's tokens
+    /// spent, so it starts empty at the floor share and grows like any other share (design
+    /// §3.5, "Restart and join").
+    fn fresh(rule: &GRule, now: Nanos, participants: u64, settled: bool) -> GKey {
+        let share = if settled {
             default_share(participants)
         } else {
             (default_share(participants) / BUCKET_FLOOR).max(1)
@@ -483,7 +484,7 @@ impl GKey {
                         shrink_to: 0,
                         published: (0, 0),
                     };
-                    if joined {
+                    if settled {
                         b.level = b.cap(&l.limit);
                     }
                     LState::Bucket(b)
@@ -698,6 +699,11 @@ pub struct Global {
     /// Whether this node has joined: pulled the cluster's counts (or found it has no peer).
     /// Until then it is never consistent, so it grants no lease and no starter.
     joined: std::sync::atomic::AtomicBool,
+    /// Whether this node has had an instant with every participant's frame in since it
+    /// joined. The first frames after a view change list every active key, so from then on
+    /// a bucket key this node has not met is one nobody holds a share of; until then a new
+    /// bucket key starts empty at the floor share (design §3.5, "Restart and join").
+    settled: std::sync::atomic::AtomicBool,
     round: Mutex<RoundState>,
 }
 
@@ -790,6 +796,7 @@ impl Global {
             participants: AtomicU64::new(1),
             instants: AtomicU64::new(0),
             joined: std::sync::atomic::AtomicBool::new(true),
+            settled: std::sync::atomic::AtomicBool::new(true),
         })
     }
 
@@ -879,7 +886,7 @@ impl Global {
         r.store.update(
             key,
             now,
-            || GKey::fresh(r, now, n, self.joined()),
+            || GKey::fresh(r, now, n, self.settled()),
             |k| k.is_fresh(r, now, n),
             |k| {
                 let (index, decision) = self.decide(r, k, cost, max_wait, now, phase, n);
@@ -900,7 +907,7 @@ impl Global {
             let k = match k {
                 Some(k) => k,
                 None => {
-                    fresh = GKey::fresh(r, now, n, self.joined());
+                    fresh = GKey::fresh(r, now, n, self.settled());
                     &fresh
                 }
             };
@@ -1082,8 +1089,18 @@ impl Global {
     /// Marks whether this node has joined the cluster (see [`Global::joined`]). A node starts
     /// joined (a cluster of one); the shell unmarks it at start when it expects peers, and marks
     /// it once the pull is done. Until then no lease or starter is granted.
+    /// Unmarking also unsettles it: its next new bucket keys start empty until an instant with
+    /// every participant's frame in.
     pub fn set_joined(&self, joined: bool) {
         self.joined.store(joined, Ordering::Release);
+        if !joined {
+            self.settled.store(false, Ordering::Release);
+        }
+    }
+
+    /// Whether a new bucket key may start full at the default share (see `Global::settled`).
+    fn settled(&self) -> bool {
+        self.settled.load(Ordering::Acquire)
     }
 
     /// Whether this node takes leases (see [`Global::set_joined`]).
@@ -1173,7 +1190,7 @@ impl Global {
                 // Every key the repair counts is tracked from now on, with the counts it now
                 // knows (for `remaining` at once), and allotted at the next instant.
                 let members = self.participants.load(Ordering::Relaxed);
-                let joined = self.joined();
+                let settled = self.settled();
                 for (slot, _) in &entries {
                     let Some(rule) = self
                         .rules
@@ -1186,7 +1203,7 @@ impl Global {
                     let tracked = rule.store.update(
                         &slot.key,
                         now,
-                        || GKey::fresh(rule, now, members, joined),
+                        || GKey::fresh(rule, now, members, settled),
                         |_| false,
                         |k| {
                             k.inputs_changed = true;
@@ -1556,7 +1573,7 @@ impl Global {
         p.returned.iter_mut().for_each(HashMap::clear);
         p.returned_round = frame.round;
         let members = (peers.len() + 1) as u64;
-        let joined = self.joined();
+        let settled = self.settled();
         let Some(p) = peers.get_mut(node) else { return };
         for report in frame.keys {
             let Some(&ri) = self.by_name.get(&report.rule) else {
@@ -1633,7 +1650,7 @@ impl Global {
                 .update(
                     &report.key,
                     now,
-                    || GKey::fresh(rule, now, members, joined),
+                    || GKey::fresh(rule, now, members, settled),
                     |_| false,
                     |k| {
                         k.inputs_changed = true;
@@ -1883,6 +1900,9 @@ impl Global {
                 }
                 true
             });
+        }
+        if all_in {
+            self.settled.store(true, Ordering::Release);
         }
         let hold_nodes: Option<Vec<Actor>> =
             (consistent && all_reachable).then(|| parts.iter().map(|p| p.actor.clone()).collect());

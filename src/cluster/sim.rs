@@ -587,6 +587,15 @@ pub struct Outcome {
     /// Admissions in the slots still open at the end that no running node counts (a
     /// crashed node's last, unpublished ones that its retirement did not cover).
     pub lost: u64,
+    /// The token bucket's admissions over the run.
+    pub bucket_admitted: u64,
+    /// The most any interval τ of the run admitted on the token bucket beyond
+    /// `burst + rate·τ` (under `split`, times the sides, for intervals a splitting fault
+    /// overlaps; design §5); negative if always below.
+    pub bucket_excess: i64,
+    /// What design §3.5 allows beyond that: the one-unit capacity floor of every node but
+    /// one, `N − 1`.
+    pub bucket_allowance: u64,
 }
 
 impl Outcome {
@@ -630,6 +639,11 @@ impl Outcome {
         }
         let _ = writeln!(
             s,
+            "  token bucket: {} admitted; worst interval {:+} over burst + rate × τ ({} allowed)",
+            self.bucket_admitted, self.bucket_excess, self.bucket_allowance
+        );
+        let _ = writeln!(
+            s,
             "  admitted {} of ideal {}; {} lost; agreed {:?} ms after the load stopped; {:.0} B/node/s",
             self.admitted,
             self.ideal,
@@ -648,6 +662,9 @@ impl Outcome {
 pub const LIMIT: u64 = 100;
 const RULE: &str = "api";
 const KEYS: [&str; 2] = ["a", "b"];
+/// The token bucket every run also loads: [`LIMIT`] per second, burst [`LIMIT`].
+const BUCKET_RULE: &str = "tb";
+const BUCKET_KEY: &str = "t";
 
 /// Draws a fault schedule from the sim's generator.
 fn schedule(sim: &mut Sim, setup: &Setup) -> Vec<(Nanos, Fault)> {
@@ -724,9 +741,14 @@ pub fn run(setup: &Setup) -> Outcome {
         ..Params::default()
     };
     let limit = Limit::new(Algorithm::FixedWindow, LIMIT, SECOND, None).expect("a valid limit");
+    let bucket =
+        Limit::new(Algorithm::TokenBucket, LIMIT, SECOND, Some(LIMIT)).expect("a valid limit");
     let mut sim = Sim::new(
         setup.nodes,
-        vec![(RULE.into(), vec![limit])],
+        vec![
+            (RULE.into(), vec![limit]),
+            (BUCKET_RULE.into(), vec![bucket]),
+        ],
         params.clone(),
         setup.seed,
     );
@@ -757,6 +779,8 @@ pub fn run(setup: &Setup) -> Outcome {
     let mut retired: HashSet<Actor> = HashSet::new();
     let mut healed = false;
     let mut offered: BTreeMap<(&str, u64), u64> = BTreeMap::new();
+    // The bucket's admissions per ms of true time.
+    let mut bucket_admitted: BTreeMap<u64, u64> = BTreeMap::new();
     let mut suspected: Vec<HashSet<String>> = vec![HashSet::new(); n];
     while sim.now < end {
         while next < plan.len() && start + plan[next].0 <= sim.now {
@@ -794,6 +818,12 @@ pub fn run(setup: &Setup) -> Outcome {
                         *offered.entry((key, sim.now / SECOND)).or_default() += 1;
                         sim.check(i, RULE, key, 1);
                     }
+                }
+                if sim.running(i)
+                    && sim.random() % 1000 < p
+                    && sim.check(i, BUCKET_RULE, BUCKET_KEY, 1).allowed()
+                {
+                    *bucket_admitted.entry(sim.now / MS).or_default() += 1;
                 }
             }
         }
@@ -851,6 +881,7 @@ pub fn run(setup: &Setup) -> Outcome {
         OnPartition::Split => n as u64 - 1,
     };
     check_windows(&sim, &splits, sides, &mut outcome);
+    check_bucket(&bucket_admitted, &splits, sides, n, &mut outcome);
     let seconds = (sim.now - start) as f64 / SECOND as f64;
     outcome.bytes_per_node_second = sim.bytes_sent.iter().sum::<u64>() as f64 / n as f64 / seconds;
     outcome
@@ -874,6 +905,8 @@ pub struct Summary {
     pub lost: u64,
     /// Every run's time to agree after the load stopped, sorted.
     pub converged: Vec<Nanos>,
+    /// The token bucket's worst interval over `burst + rate·τ`, over every run.
+    pub bucket_excess: Option<i64>,
 }
 
 impl Summary {
@@ -889,12 +922,13 @@ impl Summary {
     pub fn line(&self, took: std::time::Duration) -> String {
         let pct = |q| self.converged_ms(q);
         format!(
-            "{} seeds in {:.0} s: {} broke an invariant; admitted {:.1}% of ideal; worst window {} over the limit (within its allowance unless failed); {} lost; agreement after the load stopped: median {} ms, p99 {} ms, max {} ms",
+            "{} seeds in {:.0} s: {} broke an invariant; admitted {:.1}% of ideal; worst window {} over the limit (within its allowance unless failed); token bucket's worst interval {:+} over burst + rate × τ; {} lost; agreement after the load stopped: median {} ms, p99 {} ms, max {} ms",
             self.runs,
             took.as_secs_f64(),
             self.failures.len(),
             100.0 * self.admitted as f64 / self.ideal.max(1) as f64,
             self.worst_over,
+            self.bucket_excess.unwrap_or(0),
             self.lost,
             pct(50),
             pct(99),
@@ -919,6 +953,7 @@ pub fn explore(
         let mut s = summary.lock().unwrap_or_else(|p| p.into_inner());
         s.runs += 1;
         s.worst_over = s.worst_over.max(outcome.worst_over());
+        s.bucket_excess = s.bucket_excess.max(Some(outcome.bucket_excess));
         s.admitted += outcome.admitted;
         s.ideal += outcome.ideal;
         s.lost += outcome.lost;
@@ -1110,6 +1145,73 @@ fn agreement(sim: &Sim) -> Option<String> {
         }
     }
     None
+}
+
+/// The token bucket within `burst + rate·τ` over every interval τ, plus the capacity floor
+/// (design §3.5). Under `split`, an interval that a splitting fault overlaps may admit
+/// `extra_sides` more times that (§5).
+fn check_bucket(
+    per_ms: &BTreeMap<u64, u64>,
+    splits: &[Nanos],
+    extra_sides: u64,
+    nodes: usize,
+    outcome: &mut Outcome,
+) {
+    let (first, last) = match (per_ms.keys().next(), per_ms.keys().next_back()) {
+        (Some(&a), Some(&b)) => (a, b),
+        _ => return,
+    };
+    let mut worst = worst_excess(per_ms, first..=last, LIMIT, LIMIT);
+    if extra_sides > 0 && !splits.is_empty() {
+        let from = splits.iter().min().map_or(0, |t| t / MS);
+        let to = splits.iter().max().map_or(0, |t| t / MS);
+        // Intervals clear of the splitting faults keep the single bound; any interval is
+        // within the sides' bound (which a clear one meets if it meets its own).
+        let sides = 1 + extra_sides;
+        worst = worst_excess(per_ms, first..=from.saturating_sub(1), LIMIT, LIMIT)
+            .max(worst_excess(per_ms, to + 1..=last, LIMIT, LIMIT))
+            .max(worst_excess(
+                per_ms,
+                first..=last,
+                sides * LIMIT,
+                sides * LIMIT,
+            ));
+    }
+    outcome.bucket_admitted = per_ms.values().sum();
+    outcome.bucket_excess = worst;
+    outcome.bucket_allowance = nodes as u64 - 1;
+    if worst > outcome.bucket_allowance as i64 {
+        outcome.violations.push(format!(
+            "token bucket: an interval admitted {worst} more than burst + rate × τ, {} allowed",
+            outcome.bucket_allowance
+        ));
+    }
+}
+
+/// The most any interval `[t, u]` of whole ms within `range` admitted beyond
+/// `burst + rate·(u − t + 1 ms)`, from admissions per ms (`rate` per second); `i64::MIN`
+/// for an empty range.
+pub fn worst_excess(
+    per_ms: &BTreeMap<u64, u64>,
+    range: std::ops::RangeInclusive<u64>,
+    rate: u64,
+    burst: u64,
+) -> i64 {
+    // Over [t, u]: A(u) − A(t−1) − burst − rate·(u − t + 1)/1000, maximised over t ≤ u by
+    // keeping the largest rate·t/1000 − A(t−1) seen so far (in thousandths of a unit). An
+    // ms with no admission never ends a worst interval, so only the ms listed are visited.
+    let (mut admitted, mut best_start, mut worst) = (0i64, i64::MIN, i64::MIN);
+    for (&ms, &n) in per_ms.range(range) {
+        let ms = ms as i64;
+        best_start = best_start.max(rate as i64 * ms - 1000 * admitted);
+        admitted += n as i64;
+        let excess = 1000 * admitted - 1000 * burst as i64 - rate as i64 * (ms + 1) + best_start;
+        worst = worst.max(excess);
+    }
+    if worst == i64::MIN {
+        return worst;
+    }
+    worst.div_euclid(1000)
 }
 
 /// Every window within the limit. Under `split`, a window that a splitting fault overlaps

@@ -179,21 +179,25 @@ pub fn write(path: &Path, threads: usize, large: bool) -> std::io::Result<String
     );
     let _ = writeln!(
         md,
-        "Load: two keys of a fixed-window rule, {LIMIT} per second, each offered 1.5× the \
+        "Load: two keys of a fixed-window rule, {LIMIT} per second, and one key of a token \
+         bucket, {LIMIT} per second with a burst of {LIMIT}, each offered 1.5× the \
          limit, spread unevenly over the nodes. Faults from 1 s to 5 s, then the network heals, \
          crashed nodes restart, and the load goes on fault-free to 8 s; then the load stops.\n\n\
          Columns: *admitted* is the share of the ideal (per window, the smaller of the load \
          offered and the limit); *worst window* is the most any window admitted, against the \
          limit and the allowance the design gives the faults in that window (none under \
-         `hold`; under `split`, a whole limit per extra side, design.md §5); *agreed* is the \
+         `hold`; under `split`, a whole limit per extra side, design.md §5); *bucket* is the most any \
+         interval τ admitted on the token bucket beyond `burst + rate·τ` (under `split`, \
+         times the sides where a splitting fault overlaps), against the `N − 1` units of \
+         capacity floor design.md §3.5 allows (negative: always below); *agreed* is the \
          time from the load's end until every node holds the same count of every actor, equal \
          to the true count for every live one; *lost* is admissions no node counts at the end.\n"
     );
     let _ = writeln!(
         md,
         "## Scenarios\n\n\
-         | scenario | nodes | faults | admitted | worst window (limit + allowance) | agreed | lost | invariants |\n\
-         |---|---|---|---|---|---|---|---|"
+         | scenario | nodes | faults | admitted | worst window (limit + allowance) | bucket (allowed) | agreed | lost | invariants |\n\
+         |---|---|---|---|---|---|---|---|---|"
     );
     let mut broken = 0;
     for sc in scenarios() {
@@ -204,7 +208,7 @@ pub fn write(path: &Path, threads: usize, large: bool) -> std::io::Result<String
         }
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {:.1}% | {} ({} + {}) | {} | {} | {} |",
+            "| {} | {} | {} | {:.1}% | {} ({} + {}) | {:+} ({}) | {} | {} | {} |",
             sc.name,
             sc.setup.nodes,
             sc.faults,
@@ -212,6 +216,8 @@ pub fn write(path: &Path, threads: usize, large: bool) -> std::io::Result<String
             worst,
             LIMIT,
             allowance,
+            o.bucket_excess,
+            o.bucket_allowance,
             o.converged_after
                 .map_or("never".to_owned(), |t| format!("{} ms", t / MS)),
             o.lost,
@@ -235,8 +241,8 @@ pub fn write(path: &Path, threads: usize, large: bool) -> std::io::Result<String
          jitter), a partition of up to half the nodes, a deaf node, a cut link (repeated: \
          flapping), heal, crash, restart, pause (0.2–2 s). `gossamer sim --seed N` replays \
          one and prints its schedule.\n\n\
-         | mode | seeds | broke an invariant | admitted | worst window over the limit | lost | agreed (median / p99 / max) |\n\
-         |---|---|---|---|---|---|---|"
+         | mode | seeds | broke an invariant | admitted | worst window over the limit | bucket | lost | agreed (median / p99 / max) |\n\
+         |---|---|---|---|---|---|---|---|"
     );
     for (mode, s) in [("hold", &summary), ("split", &split)] {
         let _ = writeln!(md, "{}", seeds_row(mode, s));
@@ -375,11 +381,12 @@ fn worst_window(o: &Outcome) -> (u64, u64) {
 fn seeds_row(mode: &str, s: &Summary) -> String {
     let pct = |q| s.converged_ms(q);
     format!(
-        "| {mode} | {} | {} | {:.1}% | {} | {} | {} / {} / {} ms |",
+        "| {mode} | {} | {} | {:.1}% | {} | {:+} | {} | {} / {} / {} ms |",
         s.runs,
         s.failures.len(),
         100.0 * s.admitted as f64 / s.ideal.max(1) as f64,
         s.worst_over,
+        s.bucket_excess.unwrap_or(0),
         s.lost,
         pct(50),
         pct(99),
