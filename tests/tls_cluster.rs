@@ -165,6 +165,27 @@ async fn a_member_from_another_ca_never_holds_the_cluster_limit() {
             .and_then(|n| n.parse().ok())
             .unwrap_or(0);
         assert!(refused > 0, "the stranger's handshakes are refused and counted");
+        // One clock on loopback: node-1 reads node-2's offset from its frames' arrivals as
+        // the least delay, well under a ms (the test allows δ); the stranger sends no frame
+        // node-1 accepts, so it has no estimate.
+        let cluster = get_json(http[0], "/v1/cluster").await.expect("cluster view");
+        let offset_of = |node: &str| {
+            cluster["members"]
+                .as_array()
+                .and_then(|m| m.iter().find(|m| m["node_id"] == node))
+                .map(|m| m["clock_offset_ms"].clone())
+        };
+        let offset = offset_of("node-2").and_then(|v| v.as_f64());
+        assert!(
+            offset.is_some_and(|ms| ms.abs() < 25.0),
+            "node-2's clock offset as node-1 reads it: {offset:?}"
+        );
+        assert_eq!(offset_of("node-3"), Some(serde_json::Value::Null));
+        assert!(
+            text.contains("gossamer_cluster_peer_clock_offset_seconds{peer=\"node-2\"}"),
+            "the offset is exported"
+        );
+        eprintln!("node-1 reads node-2's clock offset as {offset:?} ms");
     })
     .await;
     assert!(outcome.is_ok(), "the test finished within 60 s");

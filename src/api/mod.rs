@@ -709,6 +709,7 @@ async fn cluster(State(app): State<Arc<App>>) -> Response {
     };
     let suspected = cluster.suspected();
     let mismatched = cluster.mismatched_rules();
+    let offsets: HashMap<String, i64> = cluster.clock_offsets().into_iter().collect();
     let members: Vec<serde_json::Value> = cluster
         .members()
         .into_iter()
@@ -725,6 +726,7 @@ async fn cluster(State(app): State<Arc<App>>) -> Response {
                 "last_seen_ms": m.last_seen.map(|d| d.as_millis() as u64),
                 "suspected": suspected.contains(&m.node_id),
                 "rules_match": !mismatched.contains(&m.node_id),
+                "clock_offset_ms": offsets.get(&m.node_id).map(|&ns| ns as f64 / 1e6),
             })
         })
         .collect();

@@ -57,6 +57,11 @@ pub const LOG_SUBSLOTS: u64 = 16;
 pub const PART_BYTES: usize = 768 * 1024;
 /// The most parts a round's frame may have (bounds what a peer can make a node buffer).
 pub const MAX_PARTS: u32 = 64;
+/// Rounds of frame arrival times a peer's clock offset is estimated from (5 s at 100 ms).
+const OFFSET_SAMPLES: usize = 50;
+/// Rounds a peer must have been heard in before its offset is estimated.
+const OFFSET_MIN_SAMPLES: usize = 5;
+
 /// Fixed-point scale of a bucket share: `SHARE_ONE` is the whole rate.
 pub const SHARE_ONE: u64 = 1 << 20;
 /// The demand-independent part of a window lease weight: 1/20 spread evenly (design §3.3.1).
@@ -563,6 +568,9 @@ struct Peer {
     returned_round: u64,
     /// A repair from this peer has been applied since it (re)appeared.
     pulled: bool,
+    /// For its last [`OFFSET_SAMPLES`] rounds: when the first part of its frame arrived, less
+    /// that round's boundary by this node's clock (ns). See [`Global::clock_offsets`].
+    leads: std::collections::VecDeque<i64>,
 }
 
 impl Peer {
@@ -580,6 +588,7 @@ impl Peer {
             returned: (0..rules).map(|_| HashMap::default()).collect(),
             returned_round: 0,
             pulled: false,
+            leads: std::collections::VecDeque::new(),
         }
     }
 }
@@ -1157,6 +1166,15 @@ impl Global {
                 let Some(p) = st.peers.get_mut(peer) else {
                     return Err(Reject::NotMember);
                 };
+                if frame.part == 0 {
+                    let boundary = frame.round.saturating_mul(self.params.round);
+                    let lead = i128::from(now) - i128::from(boundary);
+                    p.leads
+                        .push_back(i64::try_from(lead).unwrap_or(i64::MAX));
+                    if p.leads.len() > OFFSET_SAMPLES {
+                        p.leads.pop_front();
+                    }
+                }
                 p.frames.insert((frame.round, frame.part), frame);
                 // Keep only rounds that can still be applied.
                 let oldest = current.saturating_sub(3);
@@ -2247,6 +2265,22 @@ impl Global {
     fn slot_id(&self, rule: &str, limit: usize, key: &str, slot: u64) -> Option<SlotId> {
         let l = self.rules[*self.by_name.get(rule)?].limits.get(limit)?;
         Some(SlotId::new(l.label.clone(), key, slot))
+    }
+
+    /// Each peer's estimated clock offset from this node's clock, in ns (positive: the
+    /// peer's clock is ahead), for peers heard in at least [`OFFSET_MIN_SAMPLES`] of the last
+    /// [`OFFSET_SAMPLES`] rounds (design §4). A frame of round n leaves its sender at its
+    /// boundary `nT` by the sender's clock and arrives `d` later, so `arrival − nT = d −
+    /// offset`; the least of that over the recent rounds is `d_min − offset`. The estimate
+    /// thus understates a peer being ahead, and overstates it being behind, by the least
+    /// one-way delay (plus how late the sender's round task ran at its best).
+    pub fn clock_offsets(&self) -> Vec<(String, i64)> {
+        self.lock()
+            .peers
+            .iter()
+            .filter(|(_, p)| p.leads.len() >= OFFSET_MIN_SAMPLES)
+            .filter_map(|(node, p)| Some((node.clone(), -*p.leads.iter().min()?)))
+            .collect()
     }
 
     /// Peers this node suspects now.

@@ -193,6 +193,12 @@ impl Cluster {
         self.global.suspected()
     }
 
+    /// Each peer's estimated clock offset from this node's, in ns (see
+    /// [`Global::clock_offsets`]).
+    pub fn clock_offsets(&self) -> Vec<(String, i64)> {
+        self.global.clock_offsets()
+    }
+
     /// Peers whose rules differ from ours.
     pub fn mismatched_rules(&self) -> Vec<String> {
         self.membership
@@ -302,6 +308,22 @@ impl Cluster {
              gossamer_cluster_tick_seconds_total {:.6}",
             counts.tick_seconds
         );
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_peer_clock_offset_seconds Each peer's clock less this node's, \
+             estimated from when its round frames arrive (design.md §4; understates a peer ahead \
+             by the least one-way delay).\n\
+             # TYPE gossamer_cluster_peer_clock_offset_seconds gauge"
+        );
+        let mut offsets = self.global.clock_offsets();
+        offsets.sort();
+        for (peer, offset) in offsets {
+            let _ = writeln!(
+                out,
+                "gossamer_cluster_peer_clock_offset_seconds{{peer=\"{peer}\"}} {:.6}",
+                offset as f64 / 1e9
+            );
+        }
         family(
             out,
             "gossamer_cluster_transport",
@@ -449,6 +471,7 @@ impl Sender {
 }
 
 async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
+    let mut skew = SkewWarnings::default();
     loop {
         let now = clock.now();
         let next = global.next_tick(now);
@@ -466,6 +489,44 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
         let mut counts = sender.counts.lock().unwrap_or_else(|p| p.into_inner());
         counts.ticks += 1;
         counts.tick_seconds += started.elapsed().as_secs_f64();
+        drop(counts);
+        skew.check(&global);
+    }
+}
+
+/// Warns, at most once a minute per peer, about a peer whose clock looks more than half the
+/// settle time (δ/2) off this node's: past δ its frames miss the instants (design.md §4).
+#[derive(Default)]
+struct SkewWarnings {
+    checked: Option<std::time::Instant>,
+    warned: HashMap<String, std::time::Instant>,
+}
+
+impl SkewWarnings {
+    const EVERY: Duration = Duration::from_secs(5);
+    const REPEAT: Duration = Duration::from_secs(60);
+
+    fn check(&mut self, global: &Global) {
+        let now = std::time::Instant::now();
+        if self.checked.is_some_and(|t| now - t < Self::EVERY) {
+            return;
+        }
+        self.checked = Some(now);
+        let tolerance = i64::try_from(global.params().settle / 2).unwrap_or(i64::MAX);
+        for (peer, offset) in global.clock_offsets() {
+            if offset.abs() <= tolerance
+                || self.warned.get(&peer).is_some_and(|t| now - *t < Self::REPEAT)
+            {
+                continue;
+            }
+            warn!(
+                %peer,
+                offset_ms = offset as f64 / 1e6,
+                tolerance_ms = tolerance as f64 / 1e6,
+                "a peer's clock is off this node's (run chrony on every node; design.md §4)"
+            );
+            self.warned.insert(peer, now);
+        }
     }
 }
 

@@ -853,3 +853,26 @@ fn held_shares_that_sum_past_the_whole_shrink_to_their_targets() {
         third - 5
     );
 }
+
+#[test]
+fn each_node_estimates_its_peers_clock_offsets_from_frame_arrivals() {
+    // Frames leave at each sender's boundary by its own clock and take 1 ms plus up to 5 ms
+    // of jitter, which the least arrival over the rounds mostly filters out, so node i
+    // reads peer j's offset as skew_j − skew_i less the 1 ms delay and a little jitter.
+    let mut sim = Sim::new(3, rules_fixed(), Params::default(), 3);
+    sim.skew = vec![0, 7 * MS as i64, -4 * MS as i64];
+    sim.net.jitter = 5 * MS;
+    sim.advance(3 * SECOND);
+    for i in 0..3 {
+        let estimates: BTreeMap<String, i64> = sim.node(i).clock_offsets().into_iter().collect();
+        assert_eq!(estimates.len(), 2, "node {i}: {estimates:?}");
+        for j in (0..3).filter(|&j| j != i) {
+            let truth = sim.skew[j] - sim.skew[i];
+            let estimate = estimates[&sim.names[j]];
+            assert!(
+                (truth - 3 * MS as i64..=truth).contains(&estimate),
+                "node {i} reads node {j} at {estimate} ns, truth {truth} ns"
+            );
+        }
+    }
+}
