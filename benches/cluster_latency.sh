@@ -50,6 +50,7 @@
 # HTTP 17210+i, gossip 17220+2i, QUIC gossip+1 (the default); the standalone node HTTP 17209.
 #
 # Environment: RATES ("1000 4000", checks/s), DURATION (10, seconds recorded per run), RUNS (3),
+# KEYS (10000: keys the checks rotate over, so the active keys the rounds carry),
 # WARMUP (2, the probe's unrecorded seconds per run), CONNECTIONS (16), NODE_CPU (0),
 # OTHER_CPU (1), PROBE_RT (1: SCHED_FIFO probe if chrt can; 0: normal), IDLE (5 s),
 # SKIP_BUILD=1 (use the binaries in target/release as they are).
@@ -69,6 +70,7 @@ DURATION=${DURATION:-10}
 RUNS=${RUNS:-3}
 WARMUP=${WARMUP:-2}
 CONNECTIONS=${CONNECTIONS:-16}
+KEYS=${KEYS:-10000}
 NODE_CPU=${NODE_CPU:-0}
 OTHER_CPU=${OTHER_CPU:-1}
 PROBE_RT=${PROBE_RT:-1}
@@ -232,7 +234,7 @@ probe() {
     local target=$1 rate=$2 duration=$3 warmup=$4 label=$5
     "${PROBE_SCHED[@]}" taskset -c "$OTHER_CPU" "$PROBE" --url "http://127.0.0.1:$(port_of "$target")" \
         --rate "$rate" --duration "$duration" --warmup "$warmup" \
-        --connections "$CONNECTIONS" >"$WORK/probe.out" 2>"$WORK/probe.err" &
+        --connections "$CONNECTIONS" --keys "$KEYS" >"$WORK/probe.out" 2>"$WORK/probe.err" &
     PROBE_PID=$!
     if ! wait "$PROBE_PID"; then
         PROBE_PID=
@@ -329,7 +331,7 @@ for rate in $RATES; do
 done
 
 echo "Machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "Open-loop probe (benches/latency_probe.rs), $CONNECTIONS connections, ${DURATION}s recorded per run after ${WARMUP}s warm-up, $RUNS runs per target and rate; probe: ${PROBE_SCHED[*]:-normal scheduler}, CPU $OTHER_CPU; nodes under test: CPU $NODE_CPU."
+echo "Open-loop probe (benches/latency_probe.rs), $CONNECTIONS connections over $KEYS keys, ${DURATION}s recorded per run after ${WARMUP}s warm-up, $RUNS runs per target and rate; probe: ${PROBE_SCHED[*]:-normal scheduler}, CPU $OTHER_CPU; nodes under test: CPU $NODE_CPU."
 echo "$IDLE_LINE"
 echo
 echo "Raw runs (rate target run requests achieved_rps p50_us p90_us p99_us p999_us max_us non2xx errors late probe_late lag_p50_us lag_p99_us cpu_us_per_check peers_cpu_us_per_check other_cpu0_pct other_cpu1_pct probe_cpu_pct):"
