@@ -1169,8 +1169,7 @@ impl Global {
                 if frame.part == 0 {
                     let boundary = frame.round.saturating_mul(self.params.round);
                     let lead = i128::from(now) - i128::from(boundary);
-                    p.leads
-                        .push_back(i64::try_from(lead).unwrap_or(i64::MAX));
+                    p.leads.push_back(i64::try_from(lead).unwrap_or(i64::MAX));
                     if p.leads.len() > OFFSET_SAMPLES {
                         p.leads.pop_front();
                     }

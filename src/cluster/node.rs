@@ -320,7 +320,8 @@ impl Cluster {
         for (peer, offset) in offsets {
             let _ = writeln!(
                 out,
-                "gossamer_cluster_peer_clock_offset_seconds{{peer=\"{peer}\"}} {:.6}",
+                "gossamer_cluster_peer_clock_offset_seconds{{peer=\"{}\"}} {:.6}",
+                label_value(&peer),
                 offset as f64 / 1e9
             );
         }
@@ -408,6 +409,14 @@ async fn join(global: Arc<Global>, expects_peers: bool, ready_timeout: Duration,
             return;
         }
     }
+}
+
+/// A Prometheus label value: a peer's node id comes from the network, so its backslashes,
+/// quotes and newlines are escaped (the text format's three escapes).
+fn label_value(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 /// Writes one metric family: its HELP and TYPE lines and a sample per label set (`""` for
@@ -515,7 +524,10 @@ impl SkewWarnings {
         let tolerance = i64::try_from(global.params().settle / 2).unwrap_or(i64::MAX);
         for (peer, offset) in global.clock_offsets() {
             if offset.abs() <= tolerance
-                || self.warned.get(&peer).is_some_and(|t| now - *t < Self::REPEAT)
+                || self
+                    .warned
+                    .get(&peer)
+                    .is_some_and(|t| now - *t < Self::REPEAT)
             {
                 continue;
             }
@@ -642,4 +654,18 @@ pub fn rules_hash(config: &Config) -> String {
 /// Nanoseconds, for the generation of a starting node: its start time in milliseconds.
 pub fn generation(now: Nanos) -> u64 {
     now / 1_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::label_value;
+
+    #[test]
+    fn a_peer_named_to_break_the_metrics_is_escaped() {
+        assert_eq!(label_value("node-2"), "node-2");
+        assert_eq!(
+            label_value("a\"} 1\nevil{x=\"\\"),
+            "a\\\"} 1\\nevil{x=\\\"\\\\"
+        );
+    }
 }
