@@ -790,7 +790,7 @@ fn a_restarted_node_takes_no_bucket_share_that_others_hold() {
     // Node 2 is cold, so nodes 0 and 1 hold nearly the whole bucket between them, full.
     // Node 2 crashes and restarts (a new incarnation, whose keys are fresh), and all three
     // get busy at once. A fresh key at the default share of 1/3 with a full bucket, on top
-    // of the full buckets the others hold, admitted 34 more than burst + rate × τ (and 33
+    // of the full buckets the others hold, admitted 34 more than burst + rate × τ (and 17
     // once the node had joined but not yet heard the others' frames). Keys a node creates
     // before its first instant with every frame in start empty at the floor share.
     for seed in 1..=4 {
