@@ -61,27 +61,6 @@ if [[ -z ${SKIP_BUILD:-} ]]; then
     cargo build --release --bin gossamer >&2
 fi
 
-cat >"$WORK/rules.toml" <<'EOF'
-[[rule]]
-name = "tb"
-algorithm = "token_bucket"
-limit = 100
-period = "1s"
-burst = 100
-
-[[rule]]
-name = "win"
-algorithm = "fixed_window"
-limit = 1000
-period = "10s"
-
-# For the latency runs (benches/check.lua checks rule `default`): the built-in rule, global.
-[[rule]]
-name = "default"
-algorithm = "token_bucket"
-limit = 100
-period = "1s"
-EOF
 
 http_port() { echo $((17110 + $1)); }
 gossip_port() { echo $((17120 + 2 * $1)); }
@@ -91,7 +70,7 @@ quic_port() { echo $((17121 + 2 * $1)); }
 start_cluster() {
     local n=$1 i
     for i in $(seq 1 "$n"); do
-        "$BIN" serve --config "$WORK/rules.toml" --node-id "node-$i" \
+        "$BIN" serve --config benches/cluster_rules.toml --node-id "node-$i" \
             --http "127.0.0.1:$(http_port "$i")" --gossip "127.0.0.1:$(gossip_port "$i")" \
             --seeds "127.0.0.1:$(gossip_port 1)" >"$WORK/n$n-node$i.log" 2>&1 &
         PIDS+=($!)
@@ -143,7 +122,7 @@ RUN=$(date +%s)
 
 # --- 3 nodes ------------------------------------------------------------------------------
 start_cluster 3
-"$BIN" serve --config "$WORK/rules.toml" --node-id standalone --http 127.0.0.1:17109 \
+"$BIN" serve --config benches/cluster_rules.toml --node-id standalone --http 127.0.0.1:17109 \
     >"$WORK/standalone.log" 2>&1 &
 STANDALONE_PID=$!
 

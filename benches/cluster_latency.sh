@@ -12,7 +12,7 @@
 # delays (no coordinated omission), at rates that leave the machine spare CPU.
 #
 # What: a 3-node cluster and a standalone node, started as benches/cluster_figures.sh starts
-# them (the same rules file, `default` global in the cluster). Pinned with taskset: the node
+# them (benches/cluster_rules.toml, `default` global in the cluster). Pinned with taskset: the node
 # under test (node-1, and the standalone node) on CPU 0 (NODE_CPU); nodes 2 and 3 and the
 # probe on CPU 1 (OTHER_CPU). The standalone node and node-1 share CPU 0, so whichever is not
 # being measured idles beside the other (node-1 keeps gossiping). Both run tokio with one
@@ -133,27 +133,6 @@ if [[ -z ${SKIP_BUILD:-} ]]; then
 fi
 [[ -x $BIN && -x $PROBE ]] || { echo "missing $BIN or $PROBE (build, or unset SKIP_BUILD)" >&2; exit 1; }
 
-cat >"$WORK/rules.toml" <<'EOF'
-[[rule]]
-name = "tb"
-algorithm = "token_bucket"
-limit = 100
-period = "1s"
-burst = 100
-
-[[rule]]
-name = "win"
-algorithm = "fixed_window"
-limit = 1000
-period = "10s"
-
-# For the latency runs (benches/check.lua checks rule `default`): the built-in rule, global.
-[[rule]]
-name = "default"
-algorithm = "token_bucket"
-limit = 100
-period = "1s"
-EOF
 
 http_port() { echo $((17210 + $1)); }
 gossip_port() { echo $((17220 + 2 * $1)); }
@@ -192,14 +171,14 @@ wait_ready() {
 # --- start --------------------------------------------------------------------------------
 for i in 1 2 3; do
     if ((i == 1)); then cpu=$NODE_CPU; else cpu=$OTHER_CPU; fi
-    taskset -c "$cpu" "$BIN" serve --config "$WORK/rules.toml" --node-id "node-$i" \
+    taskset -c "$cpu" "$BIN" serve --config benches/cluster_rules.toml --node-id "node-$i" \
         --http "127.0.0.1:$(http_port "$i")" --gossip "127.0.0.1:$(gossip_port "$i")" \
         --seeds "127.0.0.1:$(gossip_port 1)" >"$WORK/node$i.log" 2>&1 &
     PIDS+=($!)
 done
 NODE1_PID=${PIDS[0]}
 PEER_PIDS=("${PIDS[1]}" "${PIDS[2]}")
-taskset -c "$NODE_CPU" "$BIN" serve --config "$WORK/rules.toml" --node-id standalone \
+taskset -c "$NODE_CPU" "$BIN" serve --config benches/cluster_rules.toml --node-id standalone \
     --http "127.0.0.1:$STANDALONE_PORT" >"$WORK/standalone.log" 2>&1 &
 STANDALONE_PID=$!
 PIDS+=("$STANDALONE_PID")
@@ -339,16 +318,7 @@ sort -k1,1n -k2,2 -k3,3n "$RESULTS"
 echo
 
 # Medians per (rate, target), column by column, and clustered/standalone ratios.
-awk '
-    function median(list,    a, n, i, j, t) {
-        n = split(list, a, " ")
-        for (i = 2; i <= n; i++) {
-            t = a[i]
-            for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]
-            a[j + 1] = t
-        }
-        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-    }
+awk -f benches/median.awk -f /dev/stdin "$RESULTS" <<'AWK'
     {
         k = $1 SUBSEP $2
         rps[k] = rps[k] " " $5; p50[k] = p50[k] " " $6; p90[k] = p90[k] " " $7
@@ -383,4 +353,5 @@ awk '
                 ratio(m_p999[c], m_p999[s]), ratio(m_rps[c], m_rps[s]), ratio(m_cpu[c], m_cpu[s])
         }
     }
-    function ratio(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }' "$RESULTS"
+    function ratio(a, b) { return b > 0 ? sprintf("%.2f", a / b) : "-" }
+AWK

@@ -154,16 +154,7 @@ sort -k2,2n -k1,1 -k3,3n "$RESULTS"
 echo
 
 # Medians per (target, concurrency), column by column, and gossamer/ceiling ratios.
-awk '
-    function median(list,    a, n, i, j, t) {
-        n = split(list, a, " ")
-        for (i = 2; i <= n; i++) {
-            t = a[i]
-            for (j = i - 1; j >= 1 && a[j] + 0 > t + 0; j--) a[j + 1] = a[j]
-            a[j + 1] = t
-        }
-        return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
-    }
+awk -f benches/median.awk -f /dev/stdin "$RESULTS" <<'AWK'
     {
         k = $1 SUBSEP $2
         rps[k] = rps[k] " " $4; p50[k] = p50[k] " " $5; p99[k] = p99[k] " " $6
@@ -190,4 +181,5 @@ awk '
             c = concs[i]; g = "gossamer" SUBSEP c; e = "ceiling" SUBSEP c
             printf "| %s | %.3f | %.3f |\n", c, m_rps[g] / m_rps[e], m_cpu[g] / m_cpu[e]
         }
-    }' "$RESULTS"
+    }
+AWK

@@ -1200,6 +1200,9 @@ pub fn worst_excess(
     // Over [t, u]: A(u) − A(t−1) − burst − rate·(u − t + 1)/1000, maximised over t ≤ u by
     // keeping the largest rate·t/1000 − A(t−1) seen so far (in thousandths of a unit). An
     // ms with no admission never ends a worst interval, so only the ms listed are visited.
+    if range.start() > range.end() {
+        return i64::MIN; // BTreeMap::range would panic
+    }
     let (mut admitted, mut best_start, mut worst) = (0i64, i64::MIN, i64::MIN);
     for (&ms, &n) in per_ms.range(range) {
         let ms = ms as i64;
