@@ -14,6 +14,10 @@
 //! (at most once per [`FULL_SWEEP_EVERY`]); if the store is still full, the new key is refused
 //! with [`Full`] and nothing is stored. Existing keys are never evicted while they hold state,
 //! because forgetting a key's state would reset its limit.
+//!
+//! Listing: a key can be *listed* ([`Store::update_listed`], [`Store::list`]), and
+//! [`Store::visit_listed`] visits only listed keys, at a cost in their number rather than the
+//! store's. The cluster's rounds use it to visit only the keys something happened to.
 
 use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -59,6 +63,10 @@ struct Shard<V> {
 #[derive(Debug)]
 struct ShardInner<V> {
     table: HashTable<Entry<V>>,
+    /// The keys of this shard that are *listed*, for [`Store::visit_listed`]: every entry
+    /// with `listed` set is named here. A name may outlive its entry (an evicted key) or
+    /// appear twice (a key evicted and listed again); `visit_listed` skips those.
+    listed: Vec<Box<str>>,
 }
 
 #[derive(Debug)]
@@ -68,6 +76,19 @@ struct Entry<V> {
     /// Set by every update, cleared by every sweep: a key used since the last sweep is kept
     /// even if its value is fresh, so a busy key is not evicted and re-created each sweep.
     touched: bool,
+    /// Whether the key is named in its shard's list (see [`Store::visit_listed`]).
+    listed: bool,
+}
+
+/// What a visit does with a key: drop it, or keep it and say whether it stays listed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Visit {
+    /// Remove the key.
+    Drop,
+    /// Keep it, listed.
+    List,
+    /// Keep it, not listed: later listed visits pass it by until it is listed again.
+    Unlist,
 }
 
 /// A dropped store (a rule removed or redefined by a reload) gives its keys back to the budget
@@ -98,6 +119,7 @@ impl<V> Store<V> {
                 .map(|_| Shard {
                     inner: Mutex::new(ShardInner {
                         table: HashTable::new(),
+                        listed: Vec::new(),
                     }),
                 })
                 .collect(),
@@ -133,38 +155,78 @@ impl<V> Store<V> {
         is_fresh: impl Fn(&V) -> bool,
         f: impl FnOnce(&mut V) -> R,
     ) -> Result<R, Full> {
+        self.update_with(key, now, false, fresh, is_fresh, f)
+    }
+
+    /// [`Store::update`], and the key (if stored) is listed for the next
+    /// [`Store::visit_listed`].
+    pub fn update_listed<R>(
+        &self,
+        key: &str,
+        now: Nanos,
+        fresh: impl FnOnce() -> V,
+        is_fresh: impl Fn(&V) -> bool,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R, Full> {
+        self.update_with(key, now, true, fresh, is_fresh, f)
+    }
+
+    fn update_with<R>(
+        &self,
+        key: &str,
+        now: Nanos,
+        list: bool,
+        fresh: impl FnOnce() -> V,
+        is_fresh: impl Fn(&V) -> bool,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Result<R, Full> {
         let hash = self.hasher.hash_one(key);
         {
             let mut shard = self.shard(hash);
-            if let Some(value) = touch(&mut shard, hash, key) {
+            if let Some(value) = touch(&mut shard, hash, key, list) {
                 return Ok(f(value));
             }
             if !self.at_bound() {
-                return Ok(self.insert_new(&mut shard, hash, key, fresh, is_fresh, f));
+                return Ok(self.insert_new(&mut shard, hash, key, list, fresh, is_fresh, f));
             }
         }
         // At the bound: make room if a sweep is due, then look once more. The shard lock is
         // released meanwhile because a sweep takes every shard's lock in turn.
         self.sweep_if_due(now, &is_fresh);
         let mut shard = self.shard(hash);
-        if let Some(value) = touch(&mut shard, hash, key) {
+        if let Some(value) = touch(&mut shard, hash, key, list) {
             return Ok(f(value));
         }
         if self.at_bound() {
             return Err(Full);
         }
-        Ok(self.insert_new(&mut shard, hash, key, fresh, is_fresh, f))
+        Ok(self.insert_new(&mut shard, hash, key, list, fresh, is_fresh, f))
+    }
+
+    /// Lists `key` for the next [`Store::visit_listed`], if it is stored.
+    pub fn list(&self, key: &str) {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash);
+        let inner = &mut *shard;
+        if let Some(e) = inner.table.find_mut(hash, |e| &*e.key == key)
+            && !e.listed
+        {
+            e.listed = true;
+            inner.listed.push(e.key.clone());
+        }
     }
 
     fn at_bound(&self) -> bool {
         self.keys.load(Ordering::Relaxed) >= self.max_keys
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn insert_new<R>(
         &self,
         shard: &mut ShardInner<V>,
         hash: u64,
         key: &str,
+        list: bool,
         fresh: impl FnOnce() -> V,
         is_fresh: impl Fn(&V) -> bool,
         f: impl FnOnce(&mut V) -> R,
@@ -174,12 +236,17 @@ impl<V> Store<V> {
         if !is_fresh(&value) {
             self.keys.fetch_add(1, Ordering::Relaxed);
             let hasher = &self.hasher;
+            let key: Box<str> = key.into();
+            if list {
+                shard.listed.push(key.clone());
+            }
             shard.table.insert_unique(
                 hash,
                 Entry {
-                    key: key.into(),
+                    key,
                     value,
                     touched: true,
+                    listed: list,
                 },
                 |e| hasher.hash_one(&*e.key),
             );
@@ -235,6 +302,98 @@ impl<V> Store<V> {
         self.retain(|e| f(&e.key, &mut e.value))
     }
 
+    /// Runs `f` on every key, one shard at a time, and drops, lists or unlists each as `f`
+    /// says; returns how many keys it visited. Like [`Store::visit`], holds each shard's
+    /// lock while it visits that shard.
+    pub fn visit_all(&self, mut f: impl FnMut(&str, &mut V) -> Visit) -> usize {
+        let mut removed = 0;
+        let mut visited = 0;
+        for shard in self.shards.iter() {
+            let mut inner = shard
+                .inner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let inner = &mut *inner;
+            let before = inner.table.len();
+            visited += before;
+            inner.listed.clear();
+            inner.table.retain(|e| match f(&e.key, &mut e.value) {
+                Visit::Drop => false,
+                visit => {
+                    e.listed = visit == Visit::List;
+                    true
+                }
+            });
+            inner.listed.extend(
+                inner
+                    .table
+                    .iter()
+                    .filter(|e| e.listed)
+                    .map(|e| e.key.clone()),
+            );
+            removed += before - inner.table.len();
+        }
+        self.keys.fetch_sub(removed, Ordering::Relaxed);
+        visited
+    }
+
+    /// Runs `f` on every listed key (each once), one shard at a time, and drops, keeps
+    /// listed or unlists each as `f` says; returns how many keys it visited. Costs in the
+    /// number of listed keys, not in the keys stored: the cluster's rounds visit only the
+    /// keys something happened to.
+    pub fn visit_listed(&self, mut f: impl FnMut(&str, &mut V) -> Visit) -> usize {
+        let mut visited = 0;
+        let mut removed = 0;
+        for shard in self.shards.iter() {
+            let mut inner = shard
+                .inner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let inner = &mut *inner;
+            let mut names = std::mem::take(&mut inner.listed);
+            names.sort_unstable();
+            names.dedup();
+            for name in names {
+                let hash = self.hasher.hash_one(&*name);
+                let Ok(entry) = inner.table.find_entry(hash, |e| e.key == name) else {
+                    continue;
+                };
+                if !entry.get().listed {
+                    continue;
+                }
+                visited += 1;
+                let mut entry = entry;
+                let e = entry.get_mut();
+                match f(&e.key, &mut e.value) {
+                    Visit::Drop => {
+                        entry.remove();
+                        removed += 1;
+                    }
+                    Visit::List => inner.listed.push(name),
+                    Visit::Unlist => e.listed = false,
+                }
+            }
+        }
+        self.keys.fetch_sub(removed, Ordering::Relaxed);
+        visited
+    }
+
+    /// How many keys are listed.
+    pub fn listed(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.inner
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .table
+                    .iter()
+                    .filter(|e| e.listed)
+                    .count()
+            })
+            .sum()
+    }
+
     /// Keeps the entries `keep` says to keep, one shard at a time, and returns how many went.
     fn retain(&self, mut keep: impl FnMut(&mut Entry<V>) -> bool) -> usize {
         let mut removed = 0;
@@ -284,10 +443,20 @@ impl<V> Store<V> {
     }
 }
 
-/// The value of `key` if the shard holds it, marked as used since the last sweep.
-fn touch<'s, V>(shard: &'s mut ShardInner<V>, hash: u64, key: &str) -> Option<&'s mut V> {
+/// The value of `key` if the shard holds it, marked as used since the last sweep (and
+/// listed, with `list`).
+fn touch<'s, V>(
+    shard: &'s mut ShardInner<V>,
+    hash: u64,
+    key: &str,
+    list: bool,
+) -> Option<&'s mut V> {
     let entry = shard.table.find_mut(hash, |e| &*e.key == key)?;
     entry.touched = true;
+    if list && !entry.listed {
+        entry.listed = true;
+        shard.listed.push(entry.key.clone());
+    }
     Some(&mut entry.value)
 }
 
@@ -405,6 +574,88 @@ mod tests {
             s.update("d", 2, || 0, fresh_below_3, |v| *v += 5),
             Err(Full)
         );
+    }
+
+    fn listed_add(s: &Store<u64>, key: &str, n: u64) {
+        s.update_listed(key, 0, || 0, |v| *v == 0, |v| *v += n)
+            .unwrap();
+    }
+
+    fn visit_listed(s: &Store<u64>, f: impl Fn(&str, u64) -> Visit) -> Vec<String> {
+        let mut seen = Vec::new();
+        s.visit_listed(|k, v| {
+            seen.push(k.to_owned());
+            f(k, *v)
+        });
+        seen.sort();
+        seen
+    }
+
+    #[test]
+    fn store_visits_only_listed_keys_each_once() {
+        let s = store(10);
+        listed_add(&s, "a", 1);
+        listed_add(&s, "b", 1);
+        add(&s, "c", 1).unwrap();
+        listed_add(&s, "a", 1);
+        assert_eq!(s.listed(), 2);
+        // Kept listed, then unlisted: a listed key is visited once per pass.
+        assert_eq!(visit_listed(&s, |_, _| Visit::List), ["a", "b"]);
+        assert_eq!(
+            visit_listed(&s, |k, _| if k == "a" {
+                Visit::Unlist
+            } else {
+                Visit::List
+            }),
+            ["a", "b"]
+        );
+        assert_eq!(visit_listed(&s, |_, _| Visit::Unlist), ["b"]);
+        assert_eq!(visit_listed(&s, |_, _| Visit::List), Vec::<String>::new());
+        // Listed again by an update or by name; a name not stored lists nothing.
+        listed_add(&s, "c", 1);
+        s.list("a");
+        s.list("zz");
+        assert_eq!(visit_listed(&s, |_, _| Visit::List), ["a", "c"]);
+        assert_eq!(s.read("c", |v| v.copied()), Some(2));
+    }
+
+    #[test]
+    fn store_listed_visits_survive_eviction_and_drop_keys() {
+        let s = store(10);
+        listed_add(&s, "a", 1);
+        listed_add(&s, "b", 2);
+        // "a" evicted while listed, then back: its name is in the list twice, visited once.
+        assert_eq!(s.sweep(|_| false), 0);
+        assert_eq!(s.sweep(|v| *v == 1), 1);
+        listed_add(&s, "a", 5);
+        assert_eq!(visit_listed(&s, |_, _| Visit::List), ["a", "b"]);
+        // A listed visit may drop a key: it goes from the store and the budget.
+        assert_eq!(
+            visit_listed(&s, |k, _| if k == "b" { Visit::Drop } else { Visit::List }),
+            ["a", "b"]
+        );
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.keys.load(Ordering::Relaxed), 1);
+        assert_eq!(visit_listed(&s, |_, _| Visit::List), ["a"]);
+    }
+
+    #[test]
+    fn store_visit_all_sets_every_listing() {
+        let s = store(10);
+        for (k, n) in [("a", 1), ("b", 2), ("c", 3)] {
+            add(&s, k, n).unwrap();
+        }
+        listed_add(&s, "a", 0);
+        let visited = s.visit_all(|_, v| match *v {
+            1 => Visit::Unlist,
+            2 => Visit::List,
+            _ => Visit::Drop,
+        });
+        assert_eq!(visited, 3);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s.keys.load(Ordering::Relaxed), 2);
+        assert_eq!(s.listed(), 1);
+        assert_eq!(visit_listed(&s, |_, _| Visit::List), ["b"]);
     }
 
     #[test]

@@ -35,7 +35,7 @@ use crate::counter::{Actor, Counters, SlotId, StableHasher};
 use crate::limiter::{
     Algorithm, Decision, Limit, MILLISECOND, Nanos, Verdict, admit_wait, more_restrictive,
 };
-use crate::store::{Full, Store};
+use crate::store::{Full, Store, Visit};
 use crate::wire::{KeyReport, LimitReport, Message, RoundFrame};
 
 /// Default round length T (the gossip interval).
@@ -101,6 +101,9 @@ pub struct Params {
     pub full_every: u64,
     /// What partitions do.
     pub on_partition: OnPartition,
+    /// Visit every key at every boundary and instant, instead of only the keys something
+    /// happened to (see [`Global::tick`]). For tests that check the two agree.
+    pub visit_all: bool,
 }
 
 impl Default for Params {
@@ -111,6 +114,7 @@ impl Default for Params {
             suspect_after: DEFAULT_SUSPECT_AFTER,
             full_every: DEFAULT_FULL_EVERY,
             on_partition: OnPartition::Hold,
+            visit_all: false,
         }
     }
 }
@@ -211,6 +215,9 @@ pub struct Stats {
     pub retired_ghosts: u64,
     /// Graceful leaves whose final frame was in, so no retirement was charged.
     pub final_leaves: u64,
+    /// Keys visited by boundaries and instants: the listed ones (something happened to
+    /// them), or every key at a full boundary and after a view change.
+    pub key_visits: u64,
 }
 
 /// How a limit counts in the cluster.
@@ -461,6 +468,8 @@ pub struct GKey {
     /// The last round in which a peer reported demand or holdings for this key (kept until
     /// its reports are surely idle, so the key is allotted, not mistaken for a new one).
     remote_round: u64,
+    /// The round the key is queued to be listed again at (0: none); see [`dormant_until`].
+    wake: u64,
     limits: Box<[LState]>,
 }
 
@@ -506,6 +515,7 @@ impl GKey {
             known: false,
             inputs_changed: true,
             remote_round: 0,
+            wake: 0,
             limits,
         }
     }
@@ -690,6 +700,9 @@ struct RoundState {
     full_requested: bool,
     /// Per limit label, the floor last passed to `Counters::forget_before`.
     floors: HashMap<String, u64>,
+    /// Dormant keys to list again at the boundary of a round, as (rule index, key): the
+    /// round their windowed limits' slots move (see [`dormant_until`]).
+    wakes: BTreeMap<u64, Vec<(usize, Box<str>)>>,
 }
 
 /// Global admission for every global rule of a node. See the module docs.
@@ -796,6 +809,7 @@ impl Global {
                 excluded: Vec::new(),
                 full_requested: false,
                 floors: HashMap::new(),
+                wakes: BTreeMap::new(),
             }),
             me,
             params,
@@ -892,7 +906,7 @@ impl Global {
         let r = &self.rules[rule];
         let phase = self.phase();
         let n = self.participants.load(Ordering::Relaxed);
-        r.store.update(
+        r.store.update_listed(
             key,
             now,
             || GKey::fresh(r, now, n, self.settled()),
@@ -1217,7 +1231,7 @@ impl Global {
                         continue;
                     };
                     let counters = &st.counters;
-                    let tracked = rule.store.update(
+                    let tracked = rule.store.update_listed(
                         &slot.key,
                         now,
                         || GKey::fresh(rule, now, members, settled),
@@ -1387,11 +1401,23 @@ impl Global {
             .collect();
         let boundary_time = n * self.params.round;
         let default = default_share(self.participants.load(Ordering::Relaxed));
+        // Dormant keys whose slots move now are listed again.
+        let due = {
+            let later = st.wakes.split_off(&(n + 1));
+            std::mem::replace(&mut st.wakes, later)
+        };
+        for (ri, key) in due.into_values().flatten() {
+            self.rules[ri].store.list(&key);
+        }
+        // A full boundary visits (and lists) every key, and is the only one that forgets
+        // keys: a listed visit would never see a dormant one.
+        let all = full || self.params.visit_all;
         let mut keys = Vec::new();
+        let mut visits = 0;
         for r in &self.rules {
-            r.store.visit(|key, k| {
+            let mut visit = |key: &str, k: &mut GKey| -> bool {
                 if !full && quiet_boundary(r, k, n, boundary_time) {
-                    return self.keep(r, k, n, now);
+                    return true;
                 }
                 k.demand = smooth(k.demand, k.arrivals);
                 k.arrivals = 0;
@@ -1489,9 +1515,24 @@ impl Global {
                 }
                 k.counts_dirty = false;
                 k.sent = if idle { None } else { Some((k.demand, helds)) };
-                self.keep(r, k, n, now)
-            });
+                !full || self.keep(r, k, n, now)
+            };
+            visits += if all {
+                r.store.visit_all(|key, k| {
+                    if visit(key, k) {
+                        Visit::List
+                    } else {
+                        Visit::Drop
+                    }
+                })
+            } else {
+                r.store.visit_listed(|key, k| {
+                    visit(key, k);
+                    Visit::List
+                })
+            };
         }
+        st.stats.key_visits += visits as u64;
         let view = self.view(st);
         st.my_views.insert(n, view);
         while st.my_views.len() > 4 {
@@ -1664,7 +1705,7 @@ impl Global {
             let active = !idle || report.limits.iter().any(|lr| !lr.counts.is_empty());
             if rule
                 .store
-                .update(
+                .update_listed(
                     &report.key,
                     now,
                     || GKey::fresh(rule, now, members, settled),
@@ -1728,6 +1769,7 @@ impl Global {
             st.view_changed = true;
         }
         let all_reachable = st.peers.values().all(|p| !p.suspected);
+        let hold_from_before = st.hold_from;
         // A side holds from the instant its set of suspects last changed: a slot its
         // members could have been allotted before then, by a set that included peers now
         // out of reach, gets no more room (design §5).
@@ -1806,8 +1848,18 @@ impl Global {
         // participant is suspected under `hold`).
         let all_in = consistent && parts.iter().all(|p| p.reachable);
         let default = default_share(participants);
+        // Every key is visited when the allocation's inputs changed for all of them (a view
+        // change, a suspicion, a side regrown); otherwise only the listed ones, since a
+        // dormant key's visit would change nothing (see [`dormant_until`]).
+        let all = regrown
+            || suspicion_changed
+            || st_ref.hold_from != hold_from_before
+            || (consistent && !renewable)
+            || self.params.visit_all;
+        let mut wakes = Vec::new();
+        let mut visits = 0;
         for (ri, r) in self.rules.iter().enumerate() {
-            r.store.visit(|key, k| {
+            let mut allot = |key: &str, k: &mut GKey| {
                 if regrown {
                     for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
                         match s {
@@ -1836,13 +1888,13 @@ impl Global {
                             }
                         }
                     }
-                    return true;
+                    return;
                 }
                 let was_known = k.known;
                 k.known = true;
                 let changed = std::mem::replace(&mut k.inputs_changed, false);
                 if renewable && was_known && !changed && renew(r, k, now, boundary_next) {
-                    return true;
+                    return;
                 }
                 scratch.demands.clear();
                 scratch.reports.clear();
@@ -1915,8 +1967,25 @@ impl Global {
                 if idle {
                     k.known = false;
                 }
-                true
-            });
+            };
+            let visit = |key: &str, k: &mut GKey| -> Visit {
+                allot(key, k);
+                match dormant_until(r, k, n, now, self.params.round, all_reachable) {
+                    None => Visit::List,
+                    Some(wake) => {
+                        if wake != u64::MAX && k.wake != wake {
+                            k.wake = wake;
+                            wakes.push((wake, ri, Box::<str>::from(key)));
+                        }
+                        Visit::Unlist
+                    }
+                }
+            };
+            visits += if all {
+                r.store.visit_all(visit)
+            } else {
+                r.store.visit_listed(visit)
+            };
         }
         if all_in {
             self.settled.store(true, Ordering::Release);
@@ -1925,6 +1994,10 @@ impl Global {
             (consistent && all_reachable).then(|| parts.iter().map(|p| p.actor.clone()).collect());
         drop(parts);
         drop(scratch);
+        for (wake, ri, key) in wakes {
+            st.wakes.entry(wake).or_default().push((ri, key));
+        }
+        st.stats.key_visits += visits as u64;
         if let Some(nodes) = hold_nodes {
             st.hold_nodes = nodes;
         }
@@ -1973,6 +2046,7 @@ impl Global {
         let mut ghosts = 0u64;
         for (ri, r) in self.rules.iter().enumerate() {
             let counters = &mut st.counters;
+            let mut charged_keys: Vec<Box<str>> = Vec::new();
             r.store.visit(|key, k| {
                 let report = old.reports.get(ri).and_then(|m| m.get(key));
                 let demand = report.map_or(0, |(d, _)| *d);
@@ -2019,9 +2093,13 @@ impl Global {
                 if any {
                     k.inputs_changed = true;
                     ghosts += 1;
+                    charged_keys.push(key.into());
                 }
                 true
             });
+            for key in charged_keys {
+                r.store.list(&key);
+            }
         }
         st.stats.retired_ghosts += ghosts;
     }
@@ -2237,6 +2315,23 @@ impl Global {
         in_use
     }
 
+    /// Every key's state, one line each, sorted (tests compare runs by it). The round a
+    /// dormant key is queued to wake at is left out: it is bookkeeping of the visits.
+    #[cfg(test)]
+    pub(crate) fn dump(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        for r in &self.rules {
+            r.store.visit(|key, k| {
+                let mut k = k.clone();
+                k.wake = 0;
+                lines.push(format!("{} {key} {k:?}", r.name));
+                true
+            });
+        }
+        lines.sort_unstable();
+        lines
+    }
+
     /// Counts of what the round protocol did.
     pub fn stats(&self) -> Stats {
         self.lock().stats.clone()
@@ -2296,6 +2391,12 @@ impl Global {
     pub fn rule_keys(&self, rule: usize) -> usize {
         self.rules.get(rule).map_or(0, |r| r.store.len())
     }
+
+    /// Keys of global rule `rule` the next round visits: those something happened to since
+    /// they were last found dormant.
+    pub fn listed_keys(&self, rule: usize) -> usize {
+        self.rules.get(rule).map_or(0, |r| r.store.listed())
+    }
 }
 
 /// The boundary of a key with nothing to publish (no demand, no arrivals, no new counts, no
@@ -2338,6 +2439,80 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
         }
     }
     true
+}
+
+/// Whether a key is *dormant* after the instant of round `n` (at `now`), and until which
+/// round: `None` if it must be visited again next round, else the round at whose boundary it
+/// must be listed again (`u64::MAX`: never, by time alone).
+///
+/// A dormant key's visits change nothing until something happens to it — a check, a peer's
+/// report, a repair or a retirement (each lists it again), or a full boundary or an instant
+/// whose view or side changed (which visit every key) — or until the round returned, when a
+/// windowed limit's slots move. So its boundary is quiet ([`quiet_boundary`]: nothing to
+/// publish, grants as published and within their targets) and its instant changes nothing:
+/// every windowed limit was allotted (or renewed) for the slots the next instant reads
+/// (a known key is then renewed; an unknown one, idle, gets the same nothing again), and a
+/// sliding counter, whose budget fades with time, holds nothing and charges no unreachable
+/// member a ghost (`all_reachable`). Bucket keys have no time-driven visit: shares move only
+/// on reports.
+fn dormant_until(
+    rule: &GRule,
+    k: &GKey,
+    n: u64,
+    now: Nanos,
+    round: Nanos,
+    all_reachable: bool,
+) -> Option<u64> {
+    let idle = k.arrivals == 0
+        && k.demand == 0
+        && !k.counts_dirty
+        && !k.inputs_changed
+        && k.changed_in + REPEAT <= n + 1
+        && k.sent.as_ref().is_none_or(|(d, _)| *d == 0);
+    if !idle {
+        return None;
+    }
+    let boundary_next = (n + 1) * round;
+    let mut wake = u64::MAX;
+    for (l, s) in rule.limits.iter().zip(k.limits.iter()) {
+        match s {
+            LState::Bucket(b) => {
+                if b.returned != 0 || b.shrink_to != 0 {
+                    return None;
+                }
+            }
+            LState::Window(w) => {
+                let cur = l.slot(now);
+                if w.leased_for != Some((cur, l.slot(boundary_next))) {
+                    return None;
+                }
+                if l.kind == Kind::Counter
+                    && !(all_reachable
+                        && w.own.is_empty()
+                        && w.others.iter().all(|(_, c)| *c == 0)
+                        && w.grants.is_empty())
+                {
+                    return None;
+                }
+                let settled = w.grants.iter().all(|g| {
+                    let published = w
+                        .published_held
+                        .iter()
+                        .find(|(s, _)| *s == g.slot)
+                        .map_or(0, |(_, u)| *u);
+                    !g.starter && g.spendable() <= g.target && g.spendable() == published
+                });
+                if !settled {
+                    return None;
+                }
+                // The last round whose next instant still reads `cur`: from the next one,
+                // the slots move (and a grant in `cur` closes a round later).
+                let edge = (cur + 1).saturating_mul(l.slot_len);
+                wake = wake.min(edge.div_ceil(round).saturating_sub(1));
+            }
+        }
+    }
+    (wake > n + 1).then_some(wake)
 }
 
 /// Whether a key's allotment would grant nothing new: every windowed limit was allotted for

@@ -246,6 +246,14 @@ impl Cluster {
         );
         family(
             out,
+            "gossamer_cluster_key_visits_total",
+            "counter",
+            "Keys visited by round boundaries and instants: those with activity since they were \
+             last found dormant, and every key at a full boundary or a view change.",
+            &[("", stats.key_visits)],
+        );
+        family(
+            out,
             "gossamer_cluster_final_leaves_total",
             "counter",
             "Peers that left gracefully after this node had their final frame: their counts \

@@ -1261,6 +1261,161 @@ mod tests {
         assert!(failed.is_empty(), "{}", failed.join("\n"));
     }
 
+    /// Seed `seed` on every algorithm and a composite rule, 3 nodes, with a drawn fault
+    /// schedule: a hot key per rule and 300 sparse keys, each checked now and then, so keys
+    /// go dormant, wake at their slot edges and are listed again by checks and reports.
+    /// Returns every decision in order, each node's bytes sent, and every key's status at
+    /// the end.
+    #[allow(clippy::type_complexity)]
+    fn mixed(
+        seed: u64,
+        visit_all: bool,
+    ) -> (
+        Vec<(Nanos, usize, usize, u32, Decision)>,
+        String,
+        Vec<(Nanos, Vec<String>)>,
+    ) {
+        let on_partition = if seed % 2 == 0 {
+            OnPartition::Hold
+        } else {
+            OnPartition::Split
+        };
+        let params = Params {
+            visit_all,
+            on_partition,
+            ..Params::default()
+        };
+        let limit = |alg, limit, period, burst| Limit::new(alg, limit, period, burst).unwrap();
+        let rules: Vec<(String, Vec<Limit>)> = vec![
+            (
+                "fixed".into(),
+                vec![limit(Algorithm::FixedWindow, 40, SECOND, None)],
+            ),
+            (
+                "log".into(),
+                vec![limit(Algorithm::SlidingWindowLog, 40, 3200 * MS, None)],
+            ),
+            (
+                "counter".into(),
+                vec![limit(Algorithm::SlidingWindowCounter, 40, SECOND, None)],
+            ),
+            (
+                "tb".into(),
+                vec![limit(Algorithm::TokenBucket, 20, SECOND, Some(20))],
+            ),
+            (
+                "lb".into(),
+                vec![limit(Algorithm::LeakyBucket, 20, SECOND, Some(10))],
+            ),
+            (
+                "both".into(),
+                vec![
+                    limit(Algorithm::FixedWindow, 30, 2 * SECOND, None),
+                    limit(Algorithm::TokenBucket, 10, SECOND, Some(10)),
+                ],
+            ),
+        ];
+        let names: Vec<String> = rules.iter().map(|(name, _)| name.clone()).collect();
+        let mut sim = Sim::new(3, rules, params, seed);
+        sim.track = false;
+        let setup = Setup {
+            nodes: 3,
+            ..Setup::from_seed(seed)
+        };
+        sim.advance(300 * MS);
+        let plan = schedule(&mut sim, &setup);
+        let start = sim.now;
+        let mut next = 0;
+        let mut healed = false;
+        let mut decisions = Vec::new();
+        let mut dumps: Vec<(Nanos, Vec<String>)> = Vec::new();
+        while sim.now < start + setup.duration {
+            while next < plan.len() && start + plan[next].0 <= sim.now {
+                apply(&mut sim, &plan[next].1);
+                next += 1;
+            }
+            if !healed && sim.now >= start + setup.faults_until {
+                healed = true;
+                sim.net = Net {
+                    delay: MS,
+                    ..Net::default()
+                };
+                for i in 0..3 {
+                    sim.paused[i] = None;
+                    if sim.nodes[i].is_none() {
+                        sim.restart_quietly(i);
+                    }
+                }
+            }
+            sim.advance(MS);
+            if sim.now % (200 * MS) == 50 * MS {
+                let mut all = Vec::new();
+                for i in (0..3).filter(|&i| sim.nodes[i].is_some()) {
+                    all.extend(sim.node(i).dump().into_iter().map(|l| format!("{i} {l}")));
+                }
+                dumps.push((sim.now, all));
+            }
+            for i in 0..3 {
+                if !sim.running(i) || sim.random() % 1000 >= 150 {
+                    continue;
+                }
+                let rule = sim.between(0, names.len() as u64) as usize;
+                let key = if sim.random() % 4 == 0 {
+                    0
+                } else {
+                    sim.between(1, 301) as u32
+                };
+                let cost = sim.between(1, 3);
+                let d = sim.check(i, &names[rule], &format!("k{key}"), cost);
+                decisions.push((sim.now, i, rule, key, d));
+            }
+        }
+        let mut end = format!("bytes {:?}\n", sim.bytes_sent);
+        for i in (0..3).filter(|&i| sim.running(i)) {
+            let g = sim.node(i);
+            for (ri, name) in names.iter().enumerate() {
+                for key in 0..=300 {
+                    let (_, d) = g.status(ri, &format!("k{key}"), sim.clock(i));
+                    let _ = writeln!(end, "{i} {name} k{key} {d:?}");
+                }
+            }
+        }
+        (decisions, end, dumps)
+    }
+
+    /// The rounds visit only listed keys (`Store::visit_listed`); a dormant key is left
+    /// alone until something lists it again. That must change nothing: every decision, every
+    /// byte sent and every key's final status are those of visiting every key every time.
+    #[test]
+    fn visiting_only_listed_keys_decides_exactly_as_visiting_every_key() {
+        for seed in 1..=6 {
+            let (listed, listed_end, d1) = mixed(seed, false);
+            let (all, all_end, d2) = mixed(seed, true);
+            for ((t, a), (_, b)) in d1.iter().zip(&d2).filter(|((_, a), (_, b))| a != b) {
+                let only_a: Vec<&String> = a.iter().filter(|l| !b.contains(l)).take(3).collect();
+                let only_b: Vec<&String> = b.iter().filter(|l| !a.contains(l)).take(3).collect();
+                assert!(
+                    only_a.is_empty() && only_b.is_empty(),
+                    "seed {seed} at {} ms: listed {only_a:#?}\nall {only_b:#?}",
+                    (t - START) / MS
+                );
+            }
+            assert!(listed.len() > 1_000, "seed {seed}: {} checks", listed.len());
+            let first = listed.iter().zip(&all).position(|(a, b)| a != b);
+            assert!(
+                first.is_none() && listed.len() == all.len(),
+                "seed {seed}: first difference at check {first:?}: {:?} against {:?}",
+                first.map(|i| &listed[i]),
+                first.map(|i| &all[i]),
+            );
+            let differ = listed_end
+                .lines()
+                .zip(all_end.lines())
+                .find(|(a, b)| a != b);
+            assert!(differ.is_none(), "seed {seed}: at the end, {differ:?}");
+        }
+    }
+
     #[test]
     fn a_seed_replays_exactly() {
         let setup = Setup::from_seed(7);

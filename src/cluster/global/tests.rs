@@ -876,3 +876,61 @@ fn each_node_estimates_its_peers_clock_offsets_from_frame_arrivals() {
         }
     }
 }
+
+/// Rounds visit only the keys something happened to: 300 keys checked once each, on a
+/// bucket rule and a fixed-window rule, go dormant (unlisted) once their demand has decayed
+/// and their frames have repeated, and are left alone until a full boundary or (windows)
+/// their slot's edge. Visiting every key every time, the same run visits several times more.
+#[test]
+fn rounds_visit_only_keys_with_activity() {
+    let rules = vec![
+        (
+            "b".to_owned(),
+            vec![bucket(Algorithm::TokenBucket, 100, SECOND, 100)],
+        ),
+        ("w".to_owned(), vec![fixed(100, SECOND)]),
+    ];
+    let visits = |visit_all: bool| {
+        let params = Params {
+            visit_all,
+            ..Params::default()
+        };
+        let mut sim = Sim::new(3, rules.clone(), params, 11);
+        sim.advance(300 * MS);
+        for key in 0..300 {
+            let i = key % 3;
+            assert!(sim.check(i, "b", &format!("k{key}"), 1).allowed());
+            // A window's first check on a new key may wait for a starter: no matter.
+            sim.check(i, "w", &format!("k{key}"), 1);
+            sim.advance(MS);
+        }
+        // Demand decays in a round or two, frames repeat a change for three.
+        sim.advance(SECOND);
+        let before: Vec<u64> = (0..3).map(|i| sim.node(i).stats().key_visits).collect();
+        sim.advance(3 * SECOND);
+        let during: u64 = (0..3)
+            .map(|i| sim.node(i).stats().key_visits - before[i])
+            .sum();
+        // Mid-slot, away from the window's edge: nothing listed.
+        let to_mid = SECOND - sim.now % SECOND + 500 * MS;
+        sim.advance(to_mid);
+        let listed: Vec<usize> = (0..3)
+            .flat_map(|i| [sim.node(i).listed_keys(0), sim.node(i).listed_keys(1)])
+            .collect();
+        let tracked: usize = (0..3).map(|i| sim.node(i).rule_keys(0)).sum();
+        (during, listed, tracked)
+    };
+    let (listed_visits, listed, tracked) = visits(false);
+    let (all_visits, _, all_tracked) = visits(true);
+    assert_eq!(tracked, all_tracked);
+    assert!(tracked >= 3 * 300, "bucket keys tracked: {tracked}");
+    assert_eq!(
+        listed,
+        vec![0; 6],
+        "keys listed mid-slot, per node and rule"
+    );
+    assert!(
+        listed_visits * 4 < all_visits,
+        "{listed_visits} key visits in 3 s, against {all_visits} visiting every key"
+    );
+}
