@@ -1261,7 +1261,7 @@ mod tests {
         assert!(failed.is_empty(), "{}", failed.join("\n"));
     }
 
-    /// Seed `seed` on every algorithm and a composite rule, 3 nodes, with a drawn fault
+    /// Seed `seed` on every algorithm and a composite rule, 3 to 4 nodes, with a drawn fault
     /// schedule: a hot key per rule and 300 sparse keys, each checked now and then, so keys
     /// go dormant, wake at their slot edges and are listed again by checks and reports.
     /// Returns every decision in order, each node's bytes sent, and every key's status at
@@ -1316,10 +1316,11 @@ mod tests {
             ),
         ];
         let names: Vec<String> = rules.iter().map(|(name, _)| name.clone()).collect();
-        let mut sim = Sim::new(3, rules, params, seed);
+        let n = 3 + (seed / 2 % 2) as usize;
+        let mut sim = Sim::new(n, rules, params, seed);
         sim.track = false;
         let setup = Setup {
-            nodes: 3,
+            nodes: n,
             ..Setup::from_seed(seed)
         };
         sim.advance(300 * MS);
@@ -1340,7 +1341,7 @@ mod tests {
                     delay: MS,
                     ..Net::default()
                 };
-                for i in 0..3 {
+                for i in 0..n {
                     sim.paused[i] = None;
                     if sim.nodes[i].is_none() {
                         sim.restart_quietly(i);
@@ -1350,12 +1351,12 @@ mod tests {
             sim.advance(MS);
             if sim.now % (200 * MS) == 50 * MS {
                 let mut all = Vec::new();
-                for i in (0..3).filter(|&i| sim.nodes[i].is_some()) {
+                for i in (0..n).filter(|&i| sim.nodes[i].is_some()) {
                     all.extend(sim.node(i).dump().into_iter().map(|l| format!("{i} {l}")));
                 }
                 dumps.push((sim.now, all));
             }
-            for i in 0..3 {
+            for i in 0..n {
                 if !sim.running(i) || sim.random() % 1000 >= 150 {
                     continue;
                 }
@@ -1371,7 +1372,7 @@ mod tests {
             }
         }
         let mut end = format!("bytes {:?}\n", sim.bytes_sent);
-        for i in (0..3).filter(|&i| sim.running(i)) {
+        for i in (0..n).filter(|&i| sim.running(i)) {
             let g = sim.node(i);
             for (ri, name) in names.iter().enumerate() {
                 for key in 0..=300 {
@@ -1386,9 +1387,18 @@ mod tests {
     /// The rounds visit only listed keys (`Store::visit_listed`); a dormant key is left
     /// alone until something lists it again. That must change nothing: every decision, every
     /// byte sent and every key's final status are those of visiting every key every time.
+    ///
+    /// `GOSSAMER_LISTED_SEEDS=1..500` runs more seeds than the six CI runs.
     #[test]
     fn visiting_only_listed_keys_decides_exactly_as_visiting_every_key() {
-        for seed in 1..=6 {
+        let seeds = std::env::var("GOSSAMER_LISTED_SEEDS")
+            .ok()
+            .and_then(|s| {
+                let (a, b) = s.split_once("..")?;
+                Some(a.parse::<u64>().ok()?..b.parse::<u64>().ok()?)
+            })
+            .unwrap_or(1..7);
+        for seed in seeds {
             let (listed, listed_end, d1) = mixed(seed, false);
             let (all, all_end, d2) = mixed(seed, true);
             for ((t, a), (_, b)) in d1.iter().zip(&d2).filter(|((_, a), (_, b))| a != b) {
