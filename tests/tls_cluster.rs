@@ -185,6 +185,15 @@ async fn a_member_from_another_ca_never_holds_the_cluster_limit() {
             text.contains("gossamer_cluster_peer_clock_offset_seconds{peer=\"node-2\"}"),
             "the offset is exported"
         );
+        // One clock: no peer's counts fall out of range, so the per-peer family is empty;
+        // the rounds visited keys (the checks above listed theirs).
+        assert!(text.contains("# TYPE gossamer_cluster_peer_dots_out_of_range_total counter"));
+        assert!(!text.contains("gossamer_cluster_peer_dots_out_of_range_total{"));
+        let visits = text
+            .lines()
+            .find_map(|l| l.strip_prefix("gossamer_cluster_key_visits_total "))
+            .and_then(|v| v.parse::<u64>().ok());
+        assert!(visits.is_some_and(|v| v > 0), "key visits: {visits:?}");
         eprintln!("node-1 reads node-2's clock offset as {offset:?} ms");
     })
     .await;

@@ -581,6 +581,9 @@ struct Peer {
     /// For its last [`OFFSET_SAMPLES`] rounds: when the first part of its frame arrived, less
     /// that round's boundary by this node's clock (ns). See [`Global::clock_offsets`].
     leads: std::collections::VecDeque<i64>,
+    /// Its counts ignored because their slot was out of this node's range (see
+    /// [`Stats::dots_out_of_range`]), since it (re)appeared.
+    out_of_range: u64,
 }
 
 impl Peer {
@@ -599,6 +602,7 @@ impl Peer {
             returned_round: 0,
             pulled: false,
             leads: std::collections::VecDeque::new(),
+            out_of_range: 0,
         }
     }
 }
@@ -1677,6 +1681,7 @@ impl Global {
                     }
                     if !l.readable(slot, now) {
                         stats.dots_out_of_range += 1;
+                        p.out_of_range += 1;
                         continue;
                     }
                     let before = counters.refused();
@@ -2384,6 +2389,18 @@ impl Global {
             .iter()
             .filter(|(_, p)| p.suspected)
             .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    /// Per peer, its counts this node ignored because their slot was out of its range (more
+    /// than one slot ahead of its clock, or older than the lookback): a clock off by about a
+    /// window, or frames very late (design §4). Peers with none are left out.
+    pub fn out_of_range(&self) -> Vec<(String, u64)> {
+        self.lock()
+            .peers
+            .iter()
+            .filter(|(_, p)| p.out_of_range > 0)
+            .map(|(node, p)| (node.clone(), p.out_of_range))
             .collect()
     }
 

@@ -333,6 +333,22 @@ impl Cluster {
                 offset as f64 / 1e9
             );
         }
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_peer_dots_out_of_range_total Counts from each peer ignored \
+             because their slot was out of this node's range (a clock off by about a window, \
+             design.md §4); peers with none are not listed.\n\
+             # TYPE gossamer_cluster_peer_dots_out_of_range_total counter"
+        );
+        let mut ignored = self.global.out_of_range();
+        ignored.sort();
+        for (peer, n) in ignored {
+            let _ = writeln!(
+                out,
+                "gossamer_cluster_peer_dots_out_of_range_total{{peer=\"{}\"}} {n}",
+                label_value(&peer)
+            );
+        }
         family(
             out,
             "gossamer_cluster_transport",
@@ -497,7 +513,8 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
         }
         let g = global.clone();
         let now = clock.now();
-        // A round visits every key: keep it off the async workers.
+        // A round visits the keys with activity, and every key at a full boundary: keep it
+        // off the async workers.
         let started = std::time::Instant::now();
         match tokio::task::spawn_blocking(move || g.tick(now)).await {
             Ok(out) => sender.send(out),
@@ -512,11 +529,15 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
 }
 
 /// Warns, at most once a minute per peer, about a peer whose clock looks more than half the
-/// settle time (δ/2) off this node's: past δ its frames miss the instants (design.md §4).
+/// settle time (δ/2) off this node's: past δ its frames miss the instants (design.md §4);
+/// and about a peer some of whose counts were ignored since the last look because their slot
+/// was out of this node's range (a clock off by about a window).
 #[derive(Default)]
 struct SkewWarnings {
     checked: Option<std::time::Instant>,
     warned: HashMap<String, std::time::Instant>,
+    /// Per peer: its out-of-range counts at the last look, and when it was last warned of.
+    out_of_range: HashMap<String, (u64, Option<std::time::Instant>)>,
 }
 
 impl SkewWarnings {
@@ -546,6 +567,21 @@ impl SkewWarnings {
                 "a peer's clock is off this node's (run chrony on every node; design.md §4)"
             );
             self.warned.insert(peer, now);
+        }
+        for (peer, ignored) in global.out_of_range() {
+            let (seen, warned) = self.out_of_range.entry(peer.clone()).or_default();
+            let new = ignored.saturating_sub(*seen);
+            *seen = ignored;
+            if new == 0 || warned.is_some_and(|t| now - t < Self::REPEAT) {
+                continue;
+            }
+            *warned = Some(now);
+            warn!(
+                %peer,
+                ignored = new,
+                "counts from a peer were ignored: their slot is more than one ahead of this \
+                 node's clock or past the lookback (a clock off by about a window; design.md §4)"
+            );
         }
     }
 }

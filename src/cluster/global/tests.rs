@@ -389,6 +389,8 @@ fn hostile_messages_are_refused() {
     g.tick(now + DEFAULT_ROUND + DEFAULT_SETTLE);
     let stats = g.stats();
     assert_eq!((stats.dots_out_of_range, stats.reports_dropped), (2, 4));
+    // Counted against the peer that sent them, for the per-peer metric and warning.
+    assert_eq!(g.out_of_range(), vec![("b".to_owned(), 2)]);
     assert_eq!(g.known_total("api", 0, "k", slot), 3);
     assert_eq!(g.known_total("api", 0, "k", slot + 2), 0);
 }
