@@ -970,7 +970,9 @@ impl Global {
                 LState::Window(w) => {
                     self.decide_window(l, w, key.known, cost, now, phase, participants)
                 }
-                LState::Bucket(b) => decide_bucket(l, b, cost, max_wait, now),
+                LState::Bucket(b) => {
+                    decide_bucket(l, b, cost, max_wait, default_share(participants), now)
+                }
             };
             wait = wait.max(admit_wait(&d));
             if worst.is_none_or(|w| more_restrictive(&d, &w)) {
@@ -1615,9 +1617,12 @@ impl Global {
             keys: parts.into_iter().flat_map(|f| f.keys).collect(),
             ..header
         };
+        // A full frame replaces the peer's reports: a key it no longer names (the peer forgot
+        // it) loses its report without a word, so it is marked changed below.
+        let mut replaced: Vec<HashMap<String, Summary, foldhash::fast::RandomState>> = Vec::new();
         match frame.since {
             None => {
-                p.reports.iter_mut().for_each(HashMap::clear);
+                replaced = p.reports.iter_mut().map(std::mem::take).collect();
                 p.complete_to = Some(frame.round);
             }
             Some(since) => {
@@ -1736,6 +1741,13 @@ impl Global {
                 p.reports[ri].remove(&report.key);
             } else {
                 p.reports[ri].insert(report.key, (report.demand, helds));
+            }
+        }
+        for (ri, old) in replaced.into_iter().enumerate() {
+            for key in old.keys().filter(|key| !p.reports[ri].contains_key(*key)) {
+                self.rules[ri]
+                    .store
+                    .update_stored_listed(key, |k| k.inputs_changed = true);
             }
         }
     }
@@ -2641,7 +2653,19 @@ fn unit_cost(limit: &Limit, cost: u64) -> i128 {
     i128::from(cost) * i128::from(limit.period()) * i128::from(SHARE_ONE)
 }
 
-fn decide_bucket(l: &GLimit, b: &BState, cost: u64, max_wait: Nanos, now: Nanos) -> Decision {
+/// A bucket limit's decision from this node's share of the bucket. A denial's `retry_after`
+/// counts the refill at no less than `even`, the default share: a smaller share (a cold
+/// node's, or a restarted node's floor share) grows with this node's demand within a round or
+/// two, and a client told to wait the seconds its refill would take at that share comes back
+/// long after the room is there. (A shaping wait is a promise, so it keeps the real rate.)
+fn decide_bucket(
+    l: &GLimit,
+    b: &BState,
+    cost: u64,
+    max_wait: Nanos,
+    even: u64,
+    now: Nanos,
+) -> Decision {
     let limit = &l.limit;
     let level = b.level_at(limit, now);
     let cap = b.cap(limit);
@@ -2675,7 +2699,9 @@ fn decide_bucket(l: &GLimit, b: &BState, cost: u64, max_wait: Nanos, now: Nanos)
         d.verdict = Verdict::Admit { wait };
         return d;
     }
-    d.verdict = Verdict::Deny { retry_after: wait };
+    let even_rate = i128::from(limit.limit()) * i128::from(even.max(b.share).max(1));
+    let retry_after = u64::try_from(ceil_div(need - level, even_rate)).unwrap_or(u64::MAX);
+    d.verdict = Verdict::Deny { retry_after };
     d.remaining = tokens(level);
     d.reset_after = refill(level);
     d

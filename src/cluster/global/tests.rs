@@ -795,6 +795,7 @@ fn a_restarted_node_takes_no_bucket_share_that_others_hold() {
     // of the full buckets the others hold, admitted 34 more than burst + rate × τ (and 17
     // once the node had joined but not yet heard the others' frames). Keys a node creates
     // before its first instant with every frame in start empty at the floor share.
+    let mut first_denied = 0;
     for seed in 1..=4 {
         for (quietly, joined) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut sim = Sim::new(3, rules_bucket(), Params::default(), seed);
@@ -818,6 +819,15 @@ fn a_restarted_node_takes_no_bucket_share_that_others_hold() {
             }
             let from = sim.now;
             let before = sim.total();
+            // The restarted node's first check finds its bucket empty at the floor share of
+            // 1/300: the refill at that share would take 3 s, but the share grows within
+            // rounds, so the client is told to come back after an even share's refill of
+            // one token, 1 / (100/s / 3) = 30 ms (it was told 3 s).
+            let first = sim.check(2, "b", "k", 1);
+            if let Verdict::Deny { retry_after } = first.verdict {
+                assert!(retry_after <= 31 * MS, "{first:?}");
+                first_denied += 1;
+            }
             sim.load("b", "k", &[100, 100, 100], 5 * SECOND);
             let after = sim.total() - before;
             let excess = worst_excess_from(&sim, 100, 100, from);
@@ -828,6 +838,7 @@ fn a_restarted_node_takes_no_bucket_share_that_others_hold() {
             assert!(after >= 450, "{what}");
         }
     }
+    assert!(first_denied >= 4, "{first_denied} first checks denied");
 }
 
 #[test]
