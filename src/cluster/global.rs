@@ -18,7 +18,8 @@
 //! share of the rate (buckets). A node that is not consistent is *degraded*: it takes no grant
 //! and spends what it holds. Only a grant adds to a lease and only its holder shrinks it, so
 //! leases and counts never sum past the limit (design §3.3.2) — staleness costs only
-//! under-admission.
+//! under-admission. Boundaries and instants visit only the keys something happened to
+//! ([`Global::tick`]), so a round costs what changed, not what is stored.
 //!
 //! # The check path
 //! [`Global::check`] takes one shard lock of one rule's [`Store`] and reads nothing else: the
@@ -1322,6 +1323,11 @@ impl Global {
     }
 
     /// Runs whatever boundary or instant is due at `now`, returning what to send.
+    ///
+    /// Both visit only the *listed* keys — those a check, a peer's report, a repair or a
+    /// retirement touched, or whose slot's edge came, since an instant last found them
+    /// dormant ([`dormant_until`]) — except a full boundary and an instant whose view,
+    /// suspicions or side changed, which visit every key (design §2.2, "Round cost").
     pub fn tick(&self, now: Nanos) -> Vec<Output> {
         let t = self.params.round;
         let n = now / t;
