@@ -708,6 +708,10 @@ struct RoundState {
     /// Dormant keys to list again at the boundary of a round, as (rule index, key): the
     /// round their windowed limits' slots move (see [`dormant_until`]).
     wakes: BTreeMap<u64, Vec<(usize, Box<str>)>>,
+    /// A hash of what the last consistent instant's allotments read besides each key's own
+    /// inputs; an instant that finds it changed visits every key (a degraded instant between
+    /// allots nothing, so the comparison is with the last one that did).
+    shared_inputs: Option<u64>,
 }
 
 /// Global admission for every global rule of a node. See the module docs.
@@ -815,6 +819,7 @@ impl Global {
                 full_requested: false,
                 floors: HashMap::new(),
                 wakes: BTreeMap::new(),
+                shared_inputs: None,
             }),
             me,
             params,
@@ -1874,9 +1879,22 @@ impl Global {
         // Every key is visited when the allocation's inputs changed for all of them (a view
         // change, a suspicion, a side regrown); otherwise only the listed ones, since a
         // dormant key's visit would change nothing (see [`dormant_until`]).
+        // What every key's allotment reads besides its own inputs: the participants (who,
+        // reachable or not, where in the hold record) and since when a side holds, against
+        // the last consistent instant's (a degraded one changes no unchanged key).
+        let mut h = StableHasher::new();
+        for part in &parts {
+            h.str(part.node);
+            h.u64(part.actor.generation);
+            h.u64(u64::from(part.reachable));
+            h.u64(part.hold_index.map_or(u64::MAX, |i| i as u64));
+        }
+        h.u64(st_ref.hold_from.map_or(u64::MAX, |f| f));
+        let shared_inputs = h.finish();
         let all = regrown
             || suspicion_changed
             || st_ref.hold_from != hold_from_before
+            || st_ref.shared_inputs != Some(shared_inputs)
             || (consistent && !renewable)
             || self.params.visit_all;
         let mut wakes = Vec::new();
@@ -2019,6 +2037,9 @@ impl Global {
         drop(scratch);
         for (wake, ri, key) in wakes {
             st.wakes.entry(wake).or_default().push((ri, key));
+        }
+        if consistent {
+            st.shared_inputs = Some(shared_inputs);
         }
         st.stats.key_visits += visits as u64;
         if let Some(nodes) = hold_nodes {
