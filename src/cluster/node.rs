@@ -136,7 +136,12 @@ impl Cluster {
             newly_authenticated: Arc::new(tokio::sync::Notify::new()),
         };
         let tasks = vec![
-            tokio::spawn(rounds(global.clone(), clock.clone(), sender.clone())),
+            tokio::spawn(rounds(
+                global.clone(),
+                clock.clone(),
+                sender.clone(),
+                c.round_nice,
+            )),
             tokio::spawn(receive(
                 global.clone(),
                 clock.clone(),
@@ -503,8 +508,9 @@ impl Sender {
     }
 }
 
-async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
+async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender, nice: i32) {
     let mut skew = SkewWarnings::default();
+    let mut nice_failed = false;
     loop {
         let now = clock.now();
         let next = global.next_tick(now);
@@ -516,8 +522,19 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
         // A round visits the keys with activity, and every key at a full boundary: keep it
         // off the async workers.
         let started = std::time::Instant::now();
-        match tokio::task::spawn_blocking(move || g.tick(now)).await {
-            Ok(out) => sender.send(out),
+        let round = move || {
+            let lowered = lower_priority(nice);
+            (g.tick(now), lowered)
+        };
+        match tokio::task::spawn_blocking(round).await {
+            Ok((out, lowered)) => {
+                sender.send(out);
+                if let Err(e) = lowered
+                    && !std::mem::replace(&mut nice_failed, true)
+                {
+                    warn!(error = %e, nice, "cannot lower the rounds' CPU priority; they compete with checks as equals");
+                }
+            }
             Err(e) => warn!(error = %e, "round failed"),
         }
         let mut counts = sender.counts.lock().unwrap_or_else(|p| p.into_inner());
@@ -526,6 +543,31 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender) {
         drop(counts);
         skew.check(&global);
     }
+}
+
+/// Raises the calling thread's nice value by `increment` (up to 19), once per thread (on
+/// Linux a thread has its own), so that on a core checks and rounds share the scheduler runs
+/// a waiting check first. The blocking pool's threads keep it, which suits the other work
+/// they do (sweeps, config reads): all of it is background.
+#[cfg(target_os = "linux")]
+fn lower_priority(increment: i32) -> std::io::Result<()> {
+    thread_local! {
+        static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if increment == 0 || LOWERED.get() {
+        return Ok(());
+    }
+    let tid = Some(rustix::thread::gettid());
+    let current = rustix::process::getpriority_process(tid)?;
+    rustix::process::setpriority_process(tid, (current + increment).min(19))?;
+    LOWERED.set(true);
+    Ok(())
+}
+
+/// Thread priorities are left alone off Linux.
+#[cfg(not(target_os = "linux"))]
+fn lower_priority(_increment: i32) -> std::io::Result<()> {
+    Ok(())
 }
 
 /// Warns, at most once a minute per peer, about a peer whose clock looks more than half the

@@ -40,6 +40,8 @@ pub const DEFAULT_PHI_THRESHOLD: f64 = 8.0;
 pub const DEFAULT_DEAD_NODE_GRACE: Duration = Duration::from_secs(3600);
 /// How long a starting node waits to pull the cluster's counts before `/readyz` says 200.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How much lower than the checks' the round work's CPU priority is (a nice increment).
+pub const DEFAULT_ROUND_NICE: i32 = 10;
 /// The rules served when no config file is given.
 pub const BUILTIN_RULES: &str = include_str!("builtin.toml");
 
@@ -96,6 +98,9 @@ pub struct ClusterConfig {
     pub dead_node_grace: Duration,
     /// How long `/readyz` waits for the pull of the cluster's counts at start.
     pub ready_timeout: Duration,
+    /// How much the threads that run the rounds raise their nice value (0 to 19): on a core
+    /// checks and rounds share, checks go first.
+    pub round_nice: i32,
     /// Mutual TLS between peers; `None`: ephemeral self-signed certificates, unauthenticated.
     pub tls: Option<TlsFiles>,
 }
@@ -113,6 +118,7 @@ impl Default for ClusterConfig {
             phi_threshold: DEFAULT_PHI_THRESHOLD,
             dead_node_grace: DEFAULT_DEAD_NODE_GRACE,
             ready_timeout: DEFAULT_READY_TIMEOUT,
+            round_nice: DEFAULT_ROUND_NICE,
             tls: None,
         }
     }
@@ -531,6 +537,16 @@ impl Parser<'_> {
             .map_err(|m| err("dead_node_grace", m))?;
         let ready_timeout = positive_duration(f.get("ready_timeout"), DEFAULT_READY_TIMEOUT)
             .map_err(|m| err("ready_timeout", m))?;
+        let round_nice = match f.get("round_nice") {
+            None => DEFAULT_ROUND_NICE,
+            Some(Value::Integer(x)) if (0..=19).contains(x) => *x as i32,
+            Some(_) => {
+                return Err(err(
+                    "round_nice",
+                    "must be an integer from 0 (the checks' priority) to 19".into(),
+                ));
+            }
+        };
         let tls = match f.get("tls") {
             None => None,
             Some(Value::Table(t)) => Some(self.tls(t)?),
@@ -550,6 +566,7 @@ impl Parser<'_> {
             phi_threshold,
             dead_node_grace,
             ready_timeout,
+            round_nice,
             tls,
         })
     }

@@ -41,6 +41,15 @@ fn rule_fields_parse_with_defaults() {
 }
 
 #[test]
+fn round_nice_defaults_to_ten_and_zero_turns_it_off() {
+    let rule = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\n";
+    assert_eq!(parse(rule).unwrap().cluster.round_nice, DEFAULT_ROUND_NICE);
+    assert_eq!(DEFAULT_ROUND_NICE, 10);
+    let off = parse(&format!("[cluster]\nround_nice = 0\n{rule}")).unwrap();
+    assert_eq!(off.cluster.round_nice, 0);
+}
+
+#[test]
 fn composite_rule_parses_each_limit() {
     let c = parse(
         r#"
@@ -182,6 +191,13 @@ fn errors_outside_rules() {
         error(&format!("[cluster]\nseeds = [\"nohost\"]\n{ok_rule}"))
             .contains("[cluster], field \"seeds\"")
     );
+    for bad in ["-1", "20", "\"low\""] {
+        assert!(
+            error(&format!("[cluster]\nround_nice = {bad}\n{ok_rule}"))
+                .contains("[cluster], field \"round_nice\": must be an integer from 0"),
+            "round_nice = {bad}"
+        );
+    }
     assert!(
         error(&format!("typo = 1\n{ok_rule}")).contains("field \"typo\": unknown top-level field")
     );
