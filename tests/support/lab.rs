@@ -762,8 +762,12 @@ pub async fn remaining_everywhere(lab: &Lab, rule: &str, key: &str) -> Vec<Optio
     out
 }
 
-/// Polls until every node reports the same `remaining` for (rule, key) on two reads a round
-/// apart; returns the time it took and the value.
+/// Polls until every node has reported the same, unchanged `remaining` for (rule, key) for
+/// [`AGREE_STABLE`]; returns when that run of agreement began (from the call) and the value.
+///
+/// A shorter run is not enough: while suspicions clear after a heal, each side may still
+/// miss the other's latest counts, and with symmetric load the stale sums can come out equal
+/// (seen once: 633 on every node, 724 admitted, until the next anti-entropy round).
 pub async fn wait_agree(
     tag: &str,
     lab: &Lab,
@@ -773,31 +777,34 @@ pub async fn wait_agree(
 ) -> (Duration, u64) {
     let start = Instant::now();
     let step = Duration::from_millis(50);
-    let mut prev: Option<Vec<Option<u64>>> = None;
-    let mut first_equal: Option<Duration> = None;
+    let mut run: Option<(Duration, Vec<Option<u64>>)> = None;
     let mut last = Vec::new();
-    for _ in 0..(within.as_millis() / step.as_millis()) {
+    for _ in 0..((within + AGREE_STABLE).as_millis() / step.as_millis()) {
         let now = remaining_everywhere(lab, rule, key).await;
         let equal = now.iter().all(|r| r.is_some() && *r == now[0]);
-        if equal {
-            let at = *first_equal.get_or_insert(start.elapsed());
-            if prev.as_ref() == Some(&now) && start.elapsed() - at >= Duration::from_millis(150) {
-                let value = now[0].expect("checked");
-                eprintln!(
-                    "[{tag}] all nodes agree on remaining = {value} for {rule}/{key} after {} ms",
-                    at.as_millis()
-                );
-                return (at, value);
-            }
-        } else {
-            first_equal = None;
+        if !equal {
+            run = None;
+        } else if run.as_ref().is_none_or(|(_, seen)| *seen != now) {
+            run = Some((start.elapsed(), now.clone()));
+        } else if let Some((at, _)) = &run
+            && start.elapsed() - *at >= AGREE_STABLE
+        {
+            let value = now[0].expect("checked");
+            eprintln!(
+                "[{tag}] all nodes agree on remaining = {value} for {rule}/{key} after {} ms",
+                at.as_millis()
+            );
+            return (*at, value);
         }
-        prev = Some(now.clone());
         last = now;
         sleep(step).await;
     }
     panic!("[{tag}] nodes did not agree on {rule}/{key} within {within:?}: last {last:?}");
 }
+
+/// How long [`wait_agree`] wants every node to report the same value: longer than an
+/// anti-entropy period (10 rounds of 100 ms), which repairs any count a frame missed.
+pub const AGREE_STABLE: Duration = Duration::from_millis(1200);
 
 // ---------------------------------------------------------------------------------------------
 // Load
