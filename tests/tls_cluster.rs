@@ -194,6 +194,9 @@ async fn a_member_from_another_ca_never_holds_the_cluster_limit() {
             .find_map(|l| l.strip_prefix("gossamer_cluster_key_visits_total "))
             .and_then(|v| v.parse::<u64>().ok());
         assert!(visits.is_some_and(|v| v > 0), "key visits: {visits:?}");
+        // The stranger never authenticated, so it takes no part: nothing is held for it.
+        assert!(text.contains("\ngossamer_cluster_suspected_peers 0\n"), "{text}");
+        assert!(text.contains("\ngossamer_cluster_held_share 0.000000\n"), "{text}");
         eprintln!("node-1 reads node-2's clock offset as {offset:?} ms");
     })
     .await;

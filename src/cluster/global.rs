@@ -2431,6 +2431,18 @@ impl Global {
             .collect()
     }
 
+    /// The peers this node cannot reach but still holds a share for (design §5: suspected
+    /// and still taking part: always under `hold`, under `split` until membership declares
+    /// them dead), and the participants in all, this node included.
+    pub fn held_members(&self) -> (usize, usize) {
+        let st = self.lock();
+        let taking_part = st.peers.values().filter(|p| self.participates(p));
+        let (held, all) = taking_part.fold((0, 1), |(held, all), p| {
+            (held + usize::from(p.suspected), all + 1)
+        });
+        (held, all)
+    }
+
     /// Per peer, its counts this node ignored because their slot was out of its range (more
     /// than one slot ahead of its clock, or older than the lookback): a clock off by about a
     /// window, or frames very late (design §4). Peers with none are left out.

@@ -8,6 +8,10 @@
 //!   hands it to [`Global::receive`];
 //! - a *membership task* turns chitchat's member list into [`Global::set_members`] and keeps
 //!   the QUIC address of every member.
+//!
+//! All of it (chitchat, QUIC, these tasks, the rounds' blocking threads) runs on a runtime of
+//! its own, one worker thread whose nice value `round_nice` raises: on a core it shares with
+//! the HTTP workers, a check waiting for the CPU goes before the decoding of a peer's frame.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write;
@@ -40,6 +44,43 @@ pub enum ClusterError {
     /// `--advertise` does not resolve to one address.
     #[error("advertise address {0:?} does not resolve")]
     Advertise(String),
+    /// The cluster's own runtime could not start (no threads left).
+    #[error("cluster runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The cluster's tokio runtime. Dropped without waiting (a runtime must not be dropped
+/// blocking from inside another one, as the server's is).
+#[derive(Debug)]
+struct ClusterRuntime(Option<tokio::runtime::Runtime>);
+
+impl ClusterRuntime {
+    /// One worker thread: the cluster's work is a few frames per peer per round; the rounds
+    /// themselves run on its blocking threads. Every thread it starts takes the lowered
+    /// priority (a failure is reported by the round task, which tries again).
+    fn start(nice: i32) -> std::io::Result<ClusterRuntime> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("gossamer-cluster")
+            .on_thread_start(move || {
+                let _ = lower_priority(nice);
+            })
+            .enable_all()
+            .build()?;
+        Ok(ClusterRuntime(Some(runtime)))
+    }
+
+    fn handle(&self) -> &tokio::runtime::Handle {
+        self.0.as_ref().expect("present until dropped").handle()
+    }
+}
+
+impl Drop for ClusterRuntime {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
 }
 
 /// Counts for metrics.
@@ -65,16 +106,39 @@ pub struct Cluster {
     counts: Arc<Mutex<Counts>>,
     tasks: Vec<JoinHandle<()>>,
     meta: MetaPublisher,
+    /// Last, so it is dropped after everything that runs on it.
+    _runtime: ClusterRuntime,
 }
 
 impl Cluster {
-    /// Starts membership, the QUIC transport and the round task for `global`.
+    /// Starts membership, the QUIC transport and the round task for `global`, on a runtime
+    /// of their own.
     pub async fn start(
         config: &Config,
         global: Arc<Global>,
         clock: Arc<dyn Clock>,
         rules_hash: String,
     ) -> Result<Cluster, ClusterError> {
+        let runtime =
+            ClusterRuntime::start(config.cluster.round_nice).map_err(ClusterError::Runtime)?;
+        let started = runtime
+            .handle()
+            .spawn(Self::start_here(config.clone(), global, clock, rules_hash))
+            .await;
+        match started {
+            Ok(Ok(parts)) => Ok(parts.into_cluster(runtime)),
+            Ok(Err(e)) => Err(e),
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+
+    /// [`Cluster::start`] on the current runtime.
+    async fn start_here(
+        config: Config,
+        global: Arc<Global>,
+        clock: Arc<dyn Clock>,
+        rules_hash: String,
+    ) -> Result<Parts, ClusterError> {
         let c = &config.cluster;
         let Some(gossip) = c.gossip else {
             unreachable!("a cluster starts only with a gossip address")
@@ -156,11 +220,9 @@ impl Cluster {
                 c.gossip_interval,
             )),
         ];
-        Ok(Cluster {
+        Ok(Parts {
             global,
-            view: membership.watch(),
-            meta: membership.meta_publisher(),
-            membership: Mutex::new(Some(membership)),
+            membership,
             transport,
             addrs,
             counts,
@@ -230,6 +292,26 @@ impl Cluster {
                 ("state=\"alive\"", alive),
                 ("state=\"dead\"", members.len() as u64 - alive),
             ],
+        );
+        let (held, participants) = self.global.held_members();
+        family(
+            out,
+            "gossamer_cluster_suspected_peers",
+            "gauge",
+            "Participants this node has missed frames from (design.md §5): under `hold`, and \
+             under `split` until membership declares them dead, their share stays set aside.",
+            &[("", held as u64)],
+        );
+        let _ = writeln!(
+            out,
+            "# HELP gossamer_cluster_held_share Fraction of every global limit set aside for \
+             participants this node cannot reach: each is charged an even share of a window \
+             opened since it went away (its last allotment in the window open then) and keeps \
+             its last bucket share. Under `hold` after a node died this stays until \
+             dead_node_grace passes (design.md §5).\n\
+             # TYPE gossamer_cluster_held_share gauge\n\
+             gossamer_cluster_held_share {:.6}",
+            held as f64 / participants.max(1) as f64
         );
         family(
             out,
@@ -411,6 +493,32 @@ impl Cluster {
     }
 }
 
+/// A started cluster, before it holds its runtime.
+struct Parts {
+    global: Arc<Global>,
+    membership: Membership,
+    transport: QuicTransport,
+    addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
+    counts: Arc<Mutex<Counts>>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Parts {
+    fn into_cluster(self, runtime: ClusterRuntime) -> Cluster {
+        Cluster {
+            global: self.global,
+            view: self.membership.watch(),
+            meta: self.membership.meta_publisher(),
+            membership: Mutex::new(Some(self.membership)),
+            transport: self.transport,
+            addrs: self.addrs,
+            counts: self.counts,
+            tasks: self.tasks,
+            _runtime: runtime,
+        }
+    }
+}
+
 /// Marks the node joined once it has found a peer and pulled the counts of every live one, or
 /// was given no seed but itself, or `ready_timeout` passed (then it serves with what it has,
 /// and says so). Until then global rules take no lease: a restarted node must not admit as if
@@ -547,8 +655,7 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender, nice
 
 /// Raises the calling thread's nice value by `increment` (up to 19), once per thread (on
 /// Linux a thread has its own), so that on a core checks and rounds share the scheduler runs
-/// a waiting check first. The blocking pool's threads keep it, which suits the other work
-/// they do (sweeps, config reads): all of it is background.
+/// a waiting check first. Every thread of the cluster's runtime takes it when it starts.
 #[cfg(target_os = "linux")]
 fn lower_priority(increment: i32) -> std::io::Result<()> {
     thread_local! {

@@ -98,8 +98,8 @@ pub struct ClusterConfig {
     pub dead_node_grace: Duration,
     /// How long `/readyz` waits for the pull of the cluster's counts at start.
     pub ready_timeout: Duration,
-    /// How much the threads that run the rounds raise their nice value (0 to 19): on a core
-    /// checks and rounds share, checks go first.
+    /// How much the cluster's threads (its own runtime: gossip, QUIC, rounds) raise their
+    /// nice value (0 to 19): on a core checks and the cluster share, checks go first.
     pub round_nice: i32,
     /// Mutual TLS between peers; `None`: ephemeral self-signed certificates, unauthenticated.
     pub tls: Option<TlsFiles>,
