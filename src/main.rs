@@ -229,7 +229,22 @@ fn sim(args: &SimArgs) -> ExitCode {
     }
     if let Some((nodes, keys)) = args.scale {
         println!("{}", sim::report::SCALE_HEADER);
-        println!("{}", sim::report::scale_row(&sim::scale(nodes, keys, 7)));
+        let point = sim::scale(nodes, keys, 7);
+        println!("{}", sim::report::scale_row(&point));
+        let t = point.traffic;
+        let all = (t.empty_frames + t.frames + t.other).max(1) as f64;
+        println!(
+            "\nof those bytes: {:.1}% round frames reporting no key, {:.1}% frames reporting keys, {:.1}% digests and repairs",
+            100.0 * t.empty_frames as f64 / all,
+            100.0 * t.frames as f64 / all,
+            100.0 * t.other as f64 / all
+        );
+        println!(
+            "a round frame reported {:.2} keys on average ({} key reports in {} frames)",
+            t.key_reports as f64 / t.round_frames.max(1) as f64,
+            t.key_reports,
+            t.round_frames
+        );
         return ExitCode::SUCCESS;
     }
     let seeds = match (args.seed, &args.seeds) {

@@ -81,6 +81,8 @@ pub struct Sim {
     pub rejects: u64,
     /// Encoded bytes each node sent.
     pub bytes_sent: Vec<u64>,
+    /// Encoded bytes sent by all nodes, by kind of message ([`Traffic`]).
+    pub traffic: Traffic,
     rules: Vec<(String, Vec<Limit>)>,
     params: Params,
     generations: Vec<u64>,
@@ -127,6 +129,7 @@ impl Sim {
             window: SECOND,
             rejects: 0,
             bytes_sent: vec![0; n],
+            traffic: Traffic::default(),
             rules,
             params,
             generations: vec![1; n],
@@ -277,6 +280,16 @@ impl Sim {
                 },
             };
             let frame = Arc::new(wire::encode(&message).expect("a node's message encodes"));
+            let kind = match &message {
+                Message::Round(f) if f.keys.is_empty() => &mut self.traffic.empty_frames,
+                Message::Round(_) => &mut self.traffic.frames,
+                _ => &mut self.traffic.other,
+            };
+            *kind += frame.len() as u64 * targets.len() as u64;
+            if let Message::Round(f) = &message {
+                self.traffic.round_frames += targets.len() as u64;
+                self.traffic.key_reports += (f.keys.len() * targets.len()) as u64;
+            }
             for to in targets {
                 self.bytes_sent[from] += frame.len() as u64;
                 if self.net.cut.contains(&(from, to)) || self.random() % 1000 < self.net.loss {
@@ -1006,6 +1019,35 @@ pub struct ScalePoint {
     pub ideal: u64,
     /// Wall time the point took to simulate.
     pub took: std::time::Duration,
+    /// What the bytes of `bytes_per_node_second` were.
+    pub traffic: Traffic,
+}
+
+/// Encoded bytes sent, by kind of message.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Traffic {
+    /// Round frames that report no key: a header saying the sender has nothing new.
+    pub empty_frames: u64,
+    /// Round frames that report keys.
+    pub frames: u64,
+    /// Digests and repairs.
+    pub other: u64,
+    /// Round frames sent (each copy counted).
+    pub round_frames: u64,
+    /// The key reports those frames carried.
+    pub key_reports: u64,
+}
+
+impl Traffic {
+    fn since(self, before: Traffic) -> Traffic {
+        Traffic {
+            empty_frames: self.empty_frames - before.empty_frames,
+            frames: self.frames - before.frames,
+            other: self.other - before.other,
+            round_frames: self.round_frames - before.round_frames,
+            key_reports: self.key_reports - before.key_reports,
+        }
+    }
 }
 
 /// Simulates `nodes` nodes with `keys` keys each checked once a round at a random node,
@@ -1030,6 +1072,7 @@ pub fn scale(nodes: usize, keys: usize, seed: u64) -> ScalePoint {
     let round = Params::default().round;
     let measure_from = sim.now;
     let sent_before: u64 = sim.bytes_sent.iter().sum();
+    let traffic_before = sim.traffic;
     for _ in 0..10 {
         // Every key once this round, spread over its 100 ms.
         let per_ms = keys.div_ceil((round / MS) as usize);
@@ -1044,6 +1087,7 @@ pub fn scale(nodes: usize, keys: usize, seed: u64) -> ScalePoint {
     let sent: u64 = sim.bytes_sent.iter().sum::<u64>() - sent_before;
     let seconds = (sim.now - measure_from) as f64 / SECOND as f64;
     let bytes_per_node_second = sent as f64 / nodes as f64 / seconds;
+    let traffic = sim.traffic.since(traffic_before);
     // A burst of 5 on a fresh key at node 0 (retried each ms until admitted: a new key
     // waits for its first lease), then wait until every node counts all of it.
     let mut admitted = 0;
@@ -1093,6 +1137,7 @@ pub fn scale(nodes: usize, keys: usize, seed: u64) -> ScalePoint {
         worst_window: full.iter().copied().max().unwrap_or(0),
         ideal: 2000,
         took: started.elapsed(),
+        traffic,
     }
 }
 
@@ -1259,6 +1304,32 @@ mod tests {
             }
         }
         assert!(failed.is_empty(), "{}", failed.join("\n"));
+    }
+
+    /// The traffic breakdown `gossamer sim --scale` prints accounts for every byte sent, and
+    /// a node that checks nothing sends frames with no key.
+    #[test]
+    fn traffic_by_kind_adds_up_to_the_bytes_sent() {
+        let point = scale(4, 3, 7);
+        let t = point.traffic;
+        let sent = point.bytes_per_node_second * 4.0;
+        let kinds = (t.empty_frames + t.frames + t.other) as f64;
+        assert!((kinds - sent).abs() < 1.0, "{t:?} against {sent} bytes");
+        assert!(t.frames > 0 && t.key_reports >= t.round_frames / 2, "{t:?}");
+        assert_eq!(
+            t.round_frames,
+            4 * 3 * 10,
+            "a frame to each peer, each round"
+        );
+
+        let rules = vec![(
+            "r".to_owned(),
+            vec![Limit::new(Algorithm::FixedWindow, 100, SECOND, None).expect("valid")],
+        )];
+        let mut sim = Sim::new(3, rules, Params::default(), 1);
+        sim.advance(SECOND);
+        assert_eq!(sim.traffic.key_reports, 0, "{:?}", sim.traffic);
+        assert!(sim.traffic.empty_frames > 0 && sim.traffic.frames == 0);
     }
 
     /// Seed `seed` on every algorithm and a composite rule, 3 to 4 nodes, with a drawn fault
