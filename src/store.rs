@@ -27,6 +27,9 @@ use hashbrown::HashTable;
 
 use crate::limiter::Nanos;
 
+/// Keys a visit handles per hold of a shard's lock ([`Store::visit_listed`]).
+pub const VISIT_BATCH: usize = 16;
+
 /// Number of shards; a power of two.
 pub const SHARDS: usize = 64;
 /// A shard's table is not shrunk below this many slots.
@@ -311,74 +314,78 @@ impl<V> Store<V> {
     }
 
     /// Runs `f` on every key, one shard at a time, and drops, lists or unlists each as `f`
-    /// says; returns how many keys it visited. Like [`Store::visit`], holds each shard's
-    /// lock while it visits that shard.
-    pub fn visit_all(&self, mut f: impl FnMut(&str, &mut V) -> Visit) -> usize {
-        let mut removed = 0;
-        let mut visited = 0;
-        for shard in self.shards.iter() {
-            let mut inner = shard
-                .inner
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let inner = &mut *inner;
-            let before = inner.table.len();
-            visited += before;
+    /// says; returns how many keys it visited. Holds a shard's lock for at most
+    /// [`VISIT_BATCH`] keys at a time (see [`Store::visit_listed`]); a key added to a shard
+    /// after its visit began is left for the next visit (a check lists it).
+    pub fn visit_all(&self, f: impl FnMut(&str, &mut V) -> Visit) -> usize {
+        self.visit_names(false, f, |inner| {
             inner.listed.clear();
-            inner.table.retain(|e| match f(&e.key, &mut e.value) {
-                Visit::Drop => false,
-                visit => {
-                    e.listed = visit == Visit::List;
-                    true
-                }
-            });
-            inner.listed.extend(
-                inner
-                    .table
-                    .iter()
-                    .filter(|e| e.listed)
-                    .map(|e| e.key.clone()),
-            );
-            removed += before - inner.table.len();
-        }
-        self.keys.fetch_sub(removed, Ordering::Relaxed);
-        visited
+            inner.table.iter().map(|e| e.key.clone()).collect()
+        })
     }
 
     /// Runs `f` on every listed key (each once), one shard at a time, and drops, keeps
     /// listed or unlists each as `f` says; returns how many keys it visited. Costs in the
     /// number of listed keys, not in the keys stored: the cluster's rounds visit only the
     /// keys something happened to.
-    pub fn visit_listed(&self, mut f: impl FnMut(&str, &mut V) -> Visit) -> usize {
-        let mut visited = 0;
-        let mut removed = 0;
-        for shard in self.shards.iter() {
-            let mut inner = shard
-                .inner
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            let inner = &mut *inner;
+    ///
+    /// A shard's lock is held for at most [`VISIT_BATCH`] keys at a time, so a check on a
+    /// key of the shard being visited waits for a few keys' visits, not the whole shard's
+    /// (a shard of 100,000 active keys holds ~1,600 of them, several ms of round work).
+    /// Between batches a check may list a key again; the next visit dedups it.
+    pub fn visit_listed(&self, f: impl FnMut(&str, &mut V) -> Visit) -> usize {
+        self.visit_names(true, f, |inner| {
             let mut names = std::mem::take(&mut inner.listed);
             names.sort_unstable();
             names.dedup();
-            for name in names {
-                let hash = self.hasher.hash_one(&*name);
-                let Ok(entry) = inner.table.find_entry(hash, |e| e.key == name) else {
-                    continue;
-                };
-                if !entry.get().listed {
-                    continue;
-                }
-                visited += 1;
-                let mut entry = entry;
-                let e = entry.get_mut();
-                match f(&e.key, &mut e.value) {
-                    Visit::Drop => {
-                        entry.remove();
-                        removed += 1;
+            names
+        })
+    }
+
+    /// Visits, shard by shard, the keys `names` takes out of the shard (under its lock), in
+    /// batches of [`VISIT_BATCH`] under the lock each; with `only_listed`, only those still
+    /// listed.
+    fn visit_names(
+        &self,
+        only_listed: bool,
+        mut f: impl FnMut(&str, &mut V) -> Visit,
+        mut names: impl FnMut(&mut ShardInner<V>) -> Vec<Box<str>>,
+    ) -> usize {
+        let mut visited = 0;
+        let mut removed = 0;
+        fn lock<V>(shard: &Shard<V>) -> MutexGuard<'_, ShardInner<V>> {
+            shard
+                .inner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+        for shard in self.shards.iter() {
+            let mut todo = names(&mut lock(shard)).into_iter().peekable();
+            while todo.peek().is_some() {
+                let mut inner = lock(shard);
+                let inner = &mut *inner;
+                for name in todo.by_ref().take(VISIT_BATCH) {
+                    let hash = self.hasher.hash_one(&*name);
+                    let Ok(mut entry) = inner.table.find_entry(hash, |e| e.key == name) else {
+                        continue;
+                    };
+                    // A name that outlived its listing (the key was unlisted since).
+                    if only_listed && !entry.get().listed {
+                        continue;
                     }
-                    Visit::List => inner.listed.push(name),
-                    Visit::Unlist => e.listed = false,
+                    visited += 1;
+                    let e = entry.get_mut();
+                    match f(&e.key, &mut e.value) {
+                        Visit::Drop => {
+                            entry.remove();
+                            removed += 1;
+                        }
+                        Visit::List => {
+                            e.listed = true;
+                            inner.listed.push(name);
+                        }
+                        Visit::Unlist => e.listed = false,
+                    }
                 }
             }
         }
@@ -645,6 +652,53 @@ mod tests {
         assert_eq!(s.len(), 1);
         assert_eq!(s.keys.load(Ordering::Relaxed), 1);
         assert_eq!(visit_listed(&s, |_, _| Visit::List), ["a"]);
+    }
+
+    /// Shards of many more keys than a visit's batch: every key is visited once, and drops,
+    /// listings and the budget come out as with a single batch.
+    #[test]
+    fn store_visits_in_batches_visit_each_key_once() {
+        let n = SHARDS * VISIT_BATCH * 3;
+        let s = store(n);
+        let names: Vec<String> = (0..n).map(|i| format!("key-{i}")).collect();
+        for (i, k) in names.iter().enumerate() {
+            listed_add(&s, k, i as u64 + 1);
+        }
+        // Drop every third, unlist every third, keep the rest listed.
+        let what = |v: u64| match v % 3 {
+            0 => Visit::Drop,
+            1 => Visit::Unlist,
+            _ => Visit::List,
+        };
+        let mut all = names.clone();
+        all.sort();
+        assert_eq!(visit_listed(&s, |_, v| what(v)), all);
+        let kept: Vec<&String> = names
+            .iter()
+            .filter(|k| s.read(k, |v| v.is_some()))
+            .collect();
+        assert_eq!(kept.len(), n - n / 3);
+        assert_eq!(s.keys.load(Ordering::Relaxed), n - n / 3);
+        let mut listed: Vec<String> = names
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| (i + 1) % 3 == 2)
+            .map(|(_, k)| k.clone())
+            .collect();
+        listed.sort();
+        assert_eq!(s.listed(), listed.len());
+        assert_eq!(visit_listed(&s, |_, _| Visit::List), listed);
+        // A full visit sees every stored key once and lists them all again.
+        let mut seen = 0;
+        assert_eq!(
+            s.visit_all(|_, _| {
+                seen += 1;
+                Visit::List
+            }),
+            n - n / 3
+        );
+        assert_eq!(seen, n - n / 3);
+        assert_eq!(s.listed(), n - n / 3);
     }
 
     #[test]
