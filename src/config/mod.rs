@@ -42,6 +42,24 @@ pub const DEFAULT_DEAD_NODE_GRACE: Duration = Duration::from_secs(3600);
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much lower than the checks' the round work's CPU priority is (a nice increment).
 pub const DEFAULT_ROUND_NICE: i32 = 10;
+
+/// The CPU priority of the cluster's threads, below the checks' (`[cluster] round_nice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoundNice {
+    /// Raise the nice value by this much (0 to 19; 0: as the checks).
+    Nice(i32),
+    /// `SCHED_IDLE`: run only when no check wants the CPU.
+    Idle,
+}
+
+impl std::fmt::Display for RoundNice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RoundNice::Nice(n) => write!(f, "{n}"),
+            RoundNice::Idle => f.write_str("idle"),
+        }
+    }
+}
 /// The rules served when no config file is given.
 pub const BUILTIN_RULES: &str = include_str!("builtin.toml");
 
@@ -98,9 +116,9 @@ pub struct ClusterConfig {
     pub dead_node_grace: Duration,
     /// How long `/readyz` waits for the pull of the cluster's counts at start.
     pub ready_timeout: Duration,
-    /// How much the cluster's threads (its own runtime: gossip, QUIC, rounds) raise their
-    /// nice value (0 to 19): on a core checks and the cluster share, checks go first.
-    pub round_nice: i32,
+    /// How much the cluster's threads (its own runtime: gossip, QUIC, rounds) lower their
+    /// CPU priority: on a core checks and the cluster share, checks go first.
+    pub round_nice: RoundNice,
     /// Mutual TLS between peers; `None`: ephemeral self-signed certificates, unauthenticated.
     pub tls: Option<TlsFiles>,
 }
@@ -118,7 +136,7 @@ impl Default for ClusterConfig {
             phi_threshold: DEFAULT_PHI_THRESHOLD,
             dead_node_grace: DEFAULT_DEAD_NODE_GRACE,
             ready_timeout: DEFAULT_READY_TIMEOUT,
-            round_nice: DEFAULT_ROUND_NICE,
+            round_nice: RoundNice::Nice(DEFAULT_ROUND_NICE),
             tls: None,
         }
     }
@@ -538,12 +556,13 @@ impl Parser<'_> {
         let ready_timeout = positive_duration(f.get("ready_timeout"), DEFAULT_READY_TIMEOUT)
             .map_err(|m| err("ready_timeout", m))?;
         let round_nice = match f.get("round_nice") {
-            None => DEFAULT_ROUND_NICE,
-            Some(Value::Integer(x)) if (0..=19).contains(x) => *x as i32,
+            None => RoundNice::Nice(DEFAULT_ROUND_NICE),
+            Some(Value::Integer(x)) if (0..=19).contains(x) => RoundNice::Nice(*x as i32),
+            Some(Value::String(s)) if s == "idle" => RoundNice::Idle,
             Some(_) => {
                 return Err(err(
                     "round_nice",
-                    "must be an integer from 0 (the checks' priority) to 19".into(),
+                    "must be an integer from 0 (the checks' priority) to 19, or \"idle\"".into(),
                 ));
             }
         };

@@ -43,10 +43,15 @@ fn rule_fields_parse_with_defaults() {
 #[test]
 fn round_nice_defaults_to_ten_and_zero_turns_it_off() {
     let rule = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\n";
-    assert_eq!(parse(rule).unwrap().cluster.round_nice, DEFAULT_ROUND_NICE);
+    assert_eq!(
+        parse(rule).unwrap().cluster.round_nice,
+        RoundNice::Nice(DEFAULT_ROUND_NICE)
+    );
     assert_eq!(DEFAULT_ROUND_NICE, 10);
     let off = parse(&format!("[cluster]\nround_nice = 0\n{rule}")).unwrap();
-    assert_eq!(off.cluster.round_nice, 0);
+    assert_eq!(off.cluster.round_nice, RoundNice::Nice(0));
+    let idle = parse(&format!("[cluster]\nround_nice = \"idle\"\n{rule}")).unwrap();
+    assert_eq!(idle.cluster.round_nice, RoundNice::Idle);
 }
 
 #[test]
@@ -191,7 +196,7 @@ fn errors_outside_rules() {
         error(&format!("[cluster]\nseeds = [\"nohost\"]\n{ok_rule}"))
             .contains("[cluster], field \"seeds\"")
     );
-    for bad in ["-1", "20", "\"low\""] {
+    for bad in ["-1", "20", "\"low\"", "\"IDLE\"", "1.5"] {
         assert!(
             error(&format!("[cluster]\nround_nice = {bad}\n{ok_rule}"))
                 .contains("[cluster], field \"round_nice\": must be an integer from 0"),
