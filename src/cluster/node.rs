@@ -10,8 +10,9 @@
 //!   the QUIC address of every member.
 //!
 //! All of it (chitchat, QUIC, these tasks, the rounds' blocking threads) runs on a runtime of
-//! its own, one worker thread whose nice value `round_nice` raises: on a core it shares with
-//! the HTTP workers, a check waiting for the CPU goes before the decoding of a peer's frame.
+//! its own, one worker thread whose priority `round_nice` lowers (a nice value, or
+//! `SCHED_IDLE`): on a core it shares with the HTTP workers, a check waiting for the CPU goes
+//! before the decoding of a peer's frame.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write;
