@@ -231,20 +231,7 @@ fn sim(args: &SimArgs) -> ExitCode {
         println!("{}", sim::report::SCALE_HEADER);
         let point = sim::scale(nodes, keys, 7);
         println!("{}", sim::report::scale_row(&point));
-        let t = point.traffic;
-        let all = (t.empty_frames + t.frames + t.other).max(1) as f64;
-        println!(
-            "\nof those bytes: {:.1}% round frames reporting no key, {:.1}% frames reporting keys, {:.1}% digests and repairs",
-            100.0 * t.empty_frames as f64 / all,
-            100.0 * t.frames as f64 / all,
-            100.0 * t.other as f64 / all
-        );
-        println!(
-            "a round frame reported {:.2} keys on average ({} key reports in {} frames)",
-            t.key_reports as f64 / t.round_frames.max(1) as f64,
-            t.key_reports,
-            t.round_frames
-        );
+        println!("\n{}", sim::report::scale_traffic(&point));
         return ExitCode::SUCCESS;
     }
     let seeds = match (args.seed, &args.seeds) {

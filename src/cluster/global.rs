@@ -1878,10 +1878,10 @@ impl Global {
         let default = default_share(participants);
         // Every key is visited when the allocation's inputs changed for all of them (a view
         // change, a suspicion, a side regrown); otherwise only the listed ones, since a
-        // dormant key's visit would change nothing (see [`dormant_until`]).
-        // What every key's allotment reads besides its own inputs: the participants (who,
-        // reachable or not, where in the hold record) and since when a side holds, against
-        // the last consistent instant's (a degraded one changes no unchanged key).
+        // dormant key's visit would change nothing (see [`dormant_until`]). What every key's
+        // allotment reads besides its own inputs is hashed: the participants (who, reachable
+        // or not, where in the hold record) and since when a side holds, compared with the
+        // last consistent instant's (a degraded one changes no unchanged key).
         let mut h = StableHasher::new();
         for part in &parts {
             h.str(part.node);

@@ -303,16 +303,18 @@ impl Cluster {
              under `split` until membership declares them dead, their share stays set aside.",
             &[("", held as u64)],
         );
-        let _ = writeln!(
+        family(
             out,
-            "# HELP gossamer_cluster_held_share Fraction of every global limit set aside for \
-             participants this node cannot reach: each is charged an even share of a window \
-             opened since it went away (its last allotment in the window open then) and keeps \
-             its last bucket share. Under `hold` after a node died this stays until \
-             dead_node_grace passes (design.md §5).\n\
-             # TYPE gossamer_cluster_held_share gauge\n\
-             gossamer_cluster_held_share {:.6}",
-            held as f64 / participants.max(1) as f64
+            "gossamer_cluster_held_share",
+            "gauge",
+            "Fraction of every global limit set aside for participants this node cannot \
+             reach: each is charged an even share of a window opened since it went away (its \
+             last allotment in the window open then) and keeps its last bucket share. Under \
+             `hold` after a node died this stays until dead_node_grace passes (design.md §5).",
+            &[(
+                "",
+                format!("{:.6}", held as f64 / participants.max(1) as f64),
+            )],
         );
         family(
             out,
@@ -367,7 +369,6 @@ impl Cluster {
             ])
             .map(|(reason, n)| (format!("reason=\"{reason}\""), n))
             .collect();
-        let labels: Vec<(&str, u64)> = labels.iter().map(|(l, n)| (l.as_str(), *n)).collect();
         family(
             out,
             "gossamer_cluster_frames_rejected_total",
@@ -397,46 +398,31 @@ impl Cluster {
             "Round boundaries and instants run.",
             &[("", counts.ticks)],
         );
-        let _ = writeln!(
+        family(
             out,
-            "# HELP gossamer_cluster_tick_seconds_total Time spent running them (all keys visited).\n\
-             # TYPE gossamer_cluster_tick_seconds_total counter\n\
-             gossamer_cluster_tick_seconds_total {:.6}",
-            counts.tick_seconds
+            "gossamer_cluster_tick_seconds_total",
+            "counter",
+            "Time spent running them (all keys visited).",
+            &[("", format!("{:.6}", counts.tick_seconds))],
         );
-        let _ = writeln!(
+        family(
             out,
-            "# HELP gossamer_cluster_peer_clock_offset_seconds Each peer's clock less this node's, \
-             estimated from when its round frames arrive (design.md §4; understates a peer ahead \
-             by the least one-way delay).\n\
-             # TYPE gossamer_cluster_peer_clock_offset_seconds gauge"
+            "gossamer_cluster_peer_clock_offset_seconds",
+            "gauge",
+            "Each peer's clock less this node's, estimated from when its round frames arrive \
+             (design.md §4; understates a peer ahead by the least one-way delay).",
+            &per_peer(self.global.clock_offsets(), |offset| {
+                format!("{:.6}", offset as f64 / 1e9)
+            }),
         );
-        let mut offsets = self.global.clock_offsets();
-        offsets.sort();
-        for (peer, offset) in offsets {
-            let _ = writeln!(
-                out,
-                "gossamer_cluster_peer_clock_offset_seconds{{peer=\"{}\"}} {:.6}",
-                label_value(&peer),
-                offset as f64 / 1e9
-            );
-        }
-        let _ = writeln!(
+        family(
             out,
-            "# HELP gossamer_cluster_peer_dots_out_of_range_total Counts from each peer ignored \
-             because their slot was out of this node's range (a clock off by about a window, \
-             design.md §4); peers with none are not listed.\n\
-             # TYPE gossamer_cluster_peer_dots_out_of_range_total counter"
+            "gossamer_cluster_peer_dots_out_of_range_total",
+            "counter",
+            "Counts from each peer ignored because their slot was out of this node's range (a \
+             clock off by about a window, design.md §4); peers with none are not listed.",
+            &per_peer(self.global.out_of_range(), |n| n),
         );
-        let mut ignored = self.global.out_of_range();
-        ignored.sort();
-        for (peer, n) in ignored {
-            let _ = writeln!(
-                out,
-                "gossamer_cluster_peer_dots_out_of_range_total{{peer=\"{}\"}} {n}",
-                label_value(&peer)
-            );
-        }
         family(
             out,
             "gossamer_cluster_transport",
@@ -559,15 +545,32 @@ fn label_value(s: &str) -> String {
 
 /// Writes one metric family: its HELP and TYPE lines and a sample per label set (`""` for
 /// none).
-fn family(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, u64)]) {
+fn family(
+    out: &mut String,
+    name: &str,
+    kind: &str,
+    help: &str,
+    samples: &[(impl AsRef<str>, impl std::fmt::Display)],
+) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
     for (labels, value) in samples {
+        let labels = labels.as_ref();
         if labels.is_empty() {
             let _ = writeln!(out, "{name} {value}");
         } else {
             let _ = writeln!(out, "{name}{{{labels}}} {value}");
         }
     }
+}
+
+/// Samples labelled by peer (escaped), sorted by peer, each value as `value` renders it.
+fn per_peer<T, V>(samples: Vec<(String, T)>, value: impl Fn(T) -> V) -> Vec<(String, V)> {
+    let mut samples: Vec<(String, V)> = samples
+        .into_iter()
+        .map(|(peer, v)| (format!("peer=\"{}\"", label_value(&peer)), value(v)))
+        .collect();
+    samples.sort_by(|a, b| a.0.cmp(&b.0));
+    samples
 }
 
 async fn resolve(host_port: &str) -> Option<SocketAddr> {

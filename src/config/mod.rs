@@ -42,6 +42,8 @@ pub const DEFAULT_DEAD_NODE_GRACE: Duration = Duration::from_secs(3600);
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How much lower than the checks' the round work's CPU priority is (a nice increment).
 pub const DEFAULT_ROUND_NICE: i32 = 10;
+/// The rules served when no config file is given.
+pub const BUILTIN_RULES: &str = include_str!("builtin.toml");
 
 /// The CPU priority of the cluster's threads, below the checks' (`[cluster] round_nice`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,8 +62,6 @@ impl std::fmt::Display for RoundNice {
         }
     }
 }
-/// The rules served when no config file is given.
-pub const BUILTIN_RULES: &str = include_str!("builtin.toml");
 
 /// A validated configuration.
 #[derive(Debug, Clone, PartialEq)]

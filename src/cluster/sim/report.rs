@@ -371,6 +371,23 @@ pub fn scale_row(p: &ScalePoint) -> String {
     )
 }
 
+/// What a scaling point's bytes were (`gossamer sim --scale` prints it under the row).
+pub fn scale_traffic(p: &ScalePoint) -> String {
+    let t = p.traffic;
+    let all = (t.empty_frames + t.frames + t.other).max(1) as f64;
+    format!(
+        "of those bytes: {:.1}% round frames reporting no key, {:.1}% frames reporting keys, \
+         {:.1}% digests and repairs\n\
+         a round frame reported {:.2} keys on average ({} key reports in {} frames)",
+        100.0 * t.empty_frames as f64 / all,
+        100.0 * t.frames as f64 / all,
+        100.0 * t.other as f64 / all,
+        t.key_reports as f64 / t.round_frames.max(1) as f64,
+        t.key_reports,
+        t.round_frames
+    )
+}
+
 fn worst_window(o: &Outcome) -> (u64, u64) {
     o.windows
         .iter()
