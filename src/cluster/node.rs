@@ -657,8 +657,8 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender, nice
     }
 }
 
-/// Lowers the calling thread's CPU priority as `round_nice` says, once per thread (on Linux
-/// a thread has its own), so that on a core checks and the cluster share the scheduler runs
+/// Lowers the calling thread's CPU priority as `round_nice` says (a nice value that much
+/// above the main thread's), once per thread (on Linux a thread has its own), so that on a core checks and the cluster share the scheduler runs
 /// a waiting check first. Every thread of the cluster's runtime does it when it starts.
 ///
 /// A raised nice value gives the cluster a smaller share of a busy core, but once the
@@ -676,9 +676,12 @@ fn lower_priority(nice: RoundNice) -> std::io::Result<()> {
     }
     match nice {
         RoundNice::Nice(increment) => {
+            // Above the main thread's nice value, not the calling thread's: a thread inherits
+            // its spawner's, and the cluster's blocking threads are spawned by its lowered
+            // worker (per thread, the increments added up to 19).
+            let base = rustix::process::getpriority_process(Some(rustix::process::getpid()))?;
             let tid = Some(rustix::thread::gettid());
-            let current = rustix::process::getpriority_process(tid)?;
-            rustix::process::setpriority_process(tid, (current + increment).min(19))?;
+            rustix::process::setpriority_process(tid, (base + increment).min(19))?;
         }
         RoundNice::Idle => {
             use thread_priority::unix::{
@@ -889,18 +892,28 @@ mod tests {
         };
         let nice = || rustix::process::getpriority_process(Some(rustix::thread::gettid()));
         let before = nice().expect("nice");
-        let (raised, policy) = std::thread::spawn(move || {
+        let (raised, spawned, policy) = std::thread::spawn(move || {
             lower_priority(RoundNice::Nice(5)).expect("raise nice");
             // Once per thread: a second call changes nothing.
             lower_priority(RoundNice::Nice(5)).expect("again");
+            // A thread the lowered one spawns (as the cluster's worker spawns its blocking
+            // threads) inherits its nice value and lowers to the same, not 5 more.
+            let spawned = std::thread::spawn(move || {
+                lower_priority(RoundNice::Nice(5)).expect("raise nice");
+                nice().expect("nice")
+            })
+            .join()
+            .expect("thread");
             (
                 nice().expect("nice"),
+                spawned,
                 thread_schedule_policy().expect("policy"),
             )
         })
         .join()
         .expect("thread");
         assert_eq!(raised, (before + 5).min(19));
+        assert_eq!(spawned, raised);
         assert_eq!(
             policy,
             ThreadSchedulePolicy::Normal(NormalThreadSchedulePolicy::Other)
