@@ -46,6 +46,14 @@
 # running beside the benchmark competes with the node under test, and hurts most the node
 # that needs more CPU.
 #
+# Run-queue wait µs per check: the time the node's check threads (all but its
+# `gossamer-cluster` threads) spent runnable but not running (field 2 of each thread's
+# /proc/PID/task/TID/schedstat), over the checks sent, as for CPU. It is what a check waits for
+# another thread of this machine to leave the core: on the clustered node mostly the cluster's
+# threads, which is what `[server] check_slice` shortens. Unlike latency it does not grow when
+# the hypervisor takes the CPU from the whole VM (steal), so it still compares the two nodes on
+# a noisy machine whose p99 is set by steal.
+#
 # Ports (loopback; unlike cluster_figures.sh's 171xx, so both can run at once): node i has
 # HTTP 17210+i, gossip 17220+2i, QUIC gossip+1 (the default); the standalone node HTTP 17209.
 #
@@ -149,6 +157,25 @@ cpu_ticks() {
     awk '{ print $12 + $13 }' <<<"$stat"
 }
 
+# Nanoseconds the process's threads other than the cluster's (`gossamer-cluster`, which the
+# kernel shortens to 15 characters) have spent runnable but waiting for a CPU, so far: field 2
+# of /proc/PID/task/TID/schedstat. Those are the threads that answer checks (the HTTP
+# runtime's workers and the main thread). Unlike latency, this is not inflated when the
+# hypervisor takes the CPU from the whole VM (steal): it counts only a thread waiting behind
+# another thread of this machine. A thread that exits between two readings takes its share
+# with it (the HTTP runtime keeps its threads).
+wait_ns() {
+    local t comm total=0 stat
+    for t in /proc/"$1"/task/*; do
+        comm=$(<"$t/comm") 2>/dev/null || continue
+        [[ $comm == gossamer-clust* ]] && continue
+        stat=$(<"$t/schedstat") 2>/dev/null || continue
+        stat=${stat#* }
+        total=$((total + ${stat%% *}))
+    done
+    echo "$total"
+}
+
 # wait_ready PORT PID: until a check on PORT answers (10 s at most).
 wait_ready() {
     local port=$1 pid=$2 i
@@ -227,7 +254,7 @@ probe() {
 
 # One measured run; appends "rate target run requests achieved p50 p90 p99 p999 max non2xx
 # errors late probe_late lag_p50 lag_p99 cpu_us_per_check peers_cpu_us_per_check
-# other_cpu0_pct other_cpu1_pct probe_cpu_pct" to $RESULTS. other_cpu0_pct: the share of
+# other_cpu0_pct other_cpu1_pct probe_cpu_pct wait_us_per_check" to $RESULTS. other_cpu0_pct: the share of
 # NODE_CPU that went to anything but node-1 and the standalone node during the run (other
 # work on the machine competing with the node under test); other_cpu1_pct: the same for
 # OTHER_CPU, less nodes 2-3 and the probe; probe_cpu_pct: the probe's share of OTHER_CPU.
@@ -237,16 +264,18 @@ probe() {
 RESULTS="$WORK/results.txt"
 : >"$RESULTS"
 run() {
-    local target=$1 rate=$2 n=$3 pid before after peers_before peers_after line
+    local target=$1 rate=$2 n=$3 pid before after peers_before peers_after line wait_before wait_after
     local nodes_before nodes_after cpu0_before cpu0_after cpu1_before cpu1_after
     pid=$(pid_of "$target")
     nodes_before=$(nodes_ticks)
     cpu0_before=($(cpu_stat "$NODE_CPU"))
     cpu1_before=($(cpu_stat "$OTHER_CPU"))
     before=$(cpu_ticks "$pid")
+    wait_before=$(wait_ns "$pid")
     peers_before=$(peer_ticks)
     probe "$target" "$rate" "$DURATION" "$WARMUP" "$target run $n"
     after=$(cpu_ticks "$pid")
+    wait_after=$(wait_ns "$pid")
     peers_after=$(peer_ticks)
     nodes_after=$(nodes_ticks)
     cpu0_after=($(cpu_stat "$NODE_CPU"))
@@ -266,7 +295,7 @@ run() {
         -v other0=$((cpu0_after[0] - cpu0_before[0] - (nodes_after - nodes_before))) \
         -v total0=$((cpu0_after[1] - cpu0_before[1])) \
         -v busy1=$((cpu1_after[0] - cpu1_before[0])) -v total1=$((cpu1_after[1] - cpu1_before[1])) \
-        -v peers_on1=$((peers_after - peers_before)) '
+        -v peers_on1=$((peers_after - peers_before)) -v waited=$((wait_after - wait_before)) '
         {
             for (i = 2; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
             sent = v["requests"] + v["errors"] + int(warmup * r + 0.5)
@@ -277,11 +306,12 @@ run() {
             probe1 = v["probe_cpu_pct"] + 0
             o1 = total1 > 0 ? 100 * (busy1 - peers_on1) / total1 - probe1 : 0
             if (o1 < 0) o1 = 0
-            printf "%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %.2f %.2f %.1f %.1f %s\n", r,
+            wait = sent > 0 ? waited / 1e3 / sent : 0
+            printf "%s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %s %.2f %.2f %.1f %.1f %s %.2f\n", r,
                 t, n, v["requests"], v["achieved_rps"], v["p50_us"], v["p90_us"], v["p99_us"],
                 v["p999_us"], v["max_us"], v["non2xx"], v["errors"], v["late"],
                 v["probe_late"], v["lag_p50_us"], v["lag_p99_us"], cpu, pcpu, o0, o1,
-                v["probe_cpu_pct"]
+                v["probe_cpu_pct"], wait
         }' <<<"$line" >>"$RESULTS"
 }
 
@@ -313,7 +343,7 @@ echo "Machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f
 echo "Open-loop probe (benches/latency_probe.rs), $CONNECTIONS connections over $KEYS keys, ${DURATION}s recorded per run after ${WARMUP}s warm-up, $RUNS runs per target and rate; probe: ${PROBE_SCHED[*]:-normal scheduler}, CPU $OTHER_CPU; nodes under test: CPU $NODE_CPU."
 echo "$IDLE_LINE"
 echo
-echo "Raw runs (rate target run requests achieved_rps p50_us p90_us p99_us p999_us max_us non2xx errors late probe_late lag_p50_us lag_p99_us cpu_us_per_check peers_cpu_us_per_check other_cpu0_pct other_cpu1_pct probe_cpu_pct):"
+echo "Raw runs (rate target run requests achieved_rps p50_us p90_us p99_us p999_us max_us non2xx errors late probe_late lag_p50_us lag_p99_us cpu_us_per_check peers_cpu_us_per_check other_cpu0_pct other_cpu1_pct probe_cpu_pct wait_us_per_check):"
 sort -k1,1n -k2,2 -k3,3n "$RESULTS"
 echo
 
@@ -325,22 +355,24 @@ awk -f benches/median.awk -f /dev/stdin "$RESULTS" <<'AWK'
         p99[k] = p99[k] " " $8; p999[k] = p999[k] " " $9; cpu[k] = cpu[k] " " $17
         pcpu[k] = pcpu[k] " " $18; if ($19 > other[k]) other[k] = $19
         if ($20 > other1[k]) other1[k] = $20
+        wait[k] = wait[k] " " $22
         non2xx[k] += $11; errs[k] += $12; late[k] += $13; plate[k] += $14
         if (!($1 in seen)) { seen[$1] = 1; rates[++nr] = $1 }
     }
     END {
         split("clustered standalone", ts, " ")
-        print "| rate/s | target | achieved checks/s | p50 µs | p90 µs | p99 µs | p99.9 µs | CPU µs per check | nodes 2+3 CPU µs per check | non-2xx / errors / late / probe-late (all runs) | other load on CPU 0 / CPU 1, max % |"
-        print "|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+        print "| rate/s | target | achieved checks/s | p50 µs | p90 µs | p99 µs | p99.9 µs | CPU µs per check | check threads' run-queue wait µs per check | nodes 2+3 CPU µs per check | non-2xx / errors / late / probe-late (all runs) | other load on CPU 0 / CPU 1, max % |"
+        print "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
         for (i = 1; i <= nr; i++) {
             r = rates[i]
             for (j = 1; j <= 2; j++) {
                 k = r SUBSEP ts[j]
                 m_rps[k] = median(rps[k]); m_p50[k] = median(p50[k]); m_p90[k] = median(p90[k])
                 m_p99[k] = median(p99[k]); m_p999[k] = median(p999[k]); m_cpu[k] = median(cpu[k])
-                printf "| %s | %s | %.0f | %s | %s | %s | %s | %.1f | %.1f | %d / %d / %d / %d | %.0f / %.0f |\n",
+                m_wait[k] = median(wait[k])
+                printf "| %s | %s | %.0f | %s | %s | %s | %s | %.1f | %.2f | %.1f | %d / %d / %d / %d | %.0f / %.0f |\n",
                     r, ts[j], m_rps[k], m_p50[k], m_p90[k], m_p99[k], m_p999[k], m_cpu[k],
-                    median(pcpu[k]), non2xx[k], errs[k], late[k], plate[k], other[k], other1[k]
+                    m_wait[k], median(pcpu[k]), non2xx[k], errs[k], late[k], plate[k], other[k], other1[k]
             }
         }
         print ""
