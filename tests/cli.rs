@@ -569,3 +569,122 @@ fn certs_with_a_bad_or_no_node_id_exits_2() {
     assert_eq!(none.status.code(), Some(2));
     assert!(!dir.0.exists(), "nothing written");
 }
+
+/// A thread's name and what the kernel says of its scheduling in `/proc/PID/task/TID/sched`:
+/// `prio` (120 + nice for a normal thread) and `se.slice` in ns (EEVDF, Linux 6.6+).
+#[derive(Debug)]
+struct Sched {
+    name: String,
+    prio: i64,
+    slice: Option<i64>,
+}
+
+fn field(sched: &str, name: &str) -> Option<i64> {
+    sched.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        (key.trim() == name).then(|| value.trim().parse().ok())?
+    })
+}
+
+fn threads(pid: u32) -> Vec<Sched> {
+    let mut threads = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("task dir") {
+        let dir = task.expect("task").path();
+        let (Ok(name), Ok(sched)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            std::fs::read_to_string(dir.join("sched")),
+        ) else {
+            continue; // exited meanwhile
+        };
+        threads.push(Sched {
+            name: name.trim().to_owned(),
+            prio: field(&sched, "prio").expect("prio"),
+            slice: field(&sched, "se.slice"),
+        });
+    }
+    threads
+}
+
+/// The kernel's release as (major, minor).
+fn kernel() -> (u32, u32) {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").expect("osrelease");
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse().unwrap_or(0));
+    (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
+}
+
+/// Starts a clustered node with `server` as its `[server]` table and returns its threads once
+/// its cluster runtime has its worker and a blocking thread for the rounds (5 s at most).
+fn clustered_node_threads(server: &str) -> (Vec<Sched>, i64) {
+    let (http, gossip) = (free_port(), free_port());
+    let file = TempFile::new(&format!(
+        "[server]\n{server}\n[cluster]\ngossip = \"127.0.0.1:{gossip}\"\n{GOOD_CONFIG}"
+    ));
+    let mut command = gossamer();
+    command.args([
+        "serve",
+        "--config",
+        file.arg(),
+        "--http",
+        &format!("127.0.0.1:{http}"),
+    ]);
+    let server = Server::start(command, http);
+    let pid = server.child.id();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let threads = threads(pid);
+        let cluster = threads
+            .iter()
+            .filter(|t| t.name.starts_with("gossamer-clust"))
+            .count();
+        if cluster >= 2 {
+            let main = threads
+                .iter()
+                .find(|t| t.name == "gossamer")
+                .expect("main thread")
+                .prio;
+            return (threads, main);
+        }
+        assert!(Instant::now() < deadline, "no cluster threads: {threads:?}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn check_threads_get_the_short_slice_and_cluster_threads_the_kernels_at_nice_10() {
+    // What a fresh thread of this process gets: the kernel's slice.
+    let default_slice = thread::spawn(|| {
+        field(
+            &std::fs::read_to_string("/proc/thread-self/sched").expect("sched"),
+            "se.slice",
+        )
+    })
+    .join()
+    .expect("thread");
+    let (threads, main) = clustered_node_threads("");
+    let slices = kernel() >= (6, 12) && default_slice.is_some();
+    for t in &threads {
+        if t.name.starts_with("gossamer-clust") {
+            assert_eq!(
+                t.prio,
+                (main + 10).min(139),
+                "nice 10 above main: {threads:?}"
+            );
+            assert_eq!(t.slice, default_slice, "kernel's slice: {threads:?}");
+        } else {
+            assert_eq!(t.prio, main, "{threads:?}");
+            if slices {
+                assert_eq!(t.slice, Some(100_000), "check_slice 100us: {threads:?}");
+            }
+        }
+    }
+    // "0ms" leaves every thread the kernel's slice.
+    let (threads, _) = clustered_node_threads("check_slice = \"0ms\"");
+    assert!(
+        threads.iter().all(|t| t.slice == default_slice),
+        "{threads:?}"
+    );
+}

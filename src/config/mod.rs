@@ -30,6 +30,11 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How often fresh keys are evicted.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// The scheduler slice the threads answering checks ask for (`[server] check_slice`).
+pub const DEFAULT_CHECK_SLICE: Duration = Duration::from_micros(100);
+/// The range of slices Linux accepts (it clamps others into it).
+pub const CHECK_SLICES: std::ops::RangeInclusive<Duration> =
+    Duration::from_micros(100)..=Duration::from_millis(100);
 /// The cluster name nodes must share.
 pub const DEFAULT_CLUSTER_ID: &str = "gossamer";
 /// How often nodes gossip and exchange counts (the round length T of docs/design.md).
@@ -91,6 +96,10 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// How often fresh keys are evicted.
     pub sweep_interval: Duration,
+    /// The scheduler slice the threads answering checks ask the kernel for, so that a check
+    /// preempts a thread with a longer one at once (Linux 6.12+); zero: the kernel's default.
+    /// Read at start only.
+    pub check_slice: Duration,
 }
 
 /// Cluster settings.
@@ -477,6 +486,7 @@ impl Parser<'_> {
             .map_err(|m| err("shutdown_grace", m))?;
         let sweep_interval = positive_duration(f.get("sweep_interval"), DEFAULT_SWEEP_INTERVAL)
             .map_err(|m| err("sweep_interval", m))?;
+        let check_slice = check_slice(f.get("check_slice")).map_err(|m| err("check_slice", m))?;
         if let Some(field) = f.unknown() {
             return Err(err(field, "unknown field".into()));
         }
@@ -488,6 +498,7 @@ impl Parser<'_> {
             request_timeout,
             shutdown_grace,
             sweep_interval,
+            check_slice,
         })
     }
 
@@ -804,6 +815,28 @@ fn positive_duration(v: Option<&Value>, default: Duration) -> Result<Duration, S
             0 => Err("must be longer than 0".into()),
             n => Ok(Duration::from_nanos(n)),
         },
+    }
+}
+
+/// `check_slice`: `"0ms"` (the kernel's default), or from 100 µs to 100 ms, in `us` or any
+/// unit of a duration.
+fn check_slice(v: Option<&Value>) -> Result<Duration, String> {
+    let slice = match v {
+        None => return Ok(DEFAULT_CHECK_SLICE),
+        Some(Value::String(s)) if s.ends_with("us") && s.len() > 2 => {
+            let micros = &s[..s.len() - 2];
+            match micros.bytes().all(|b| b.is_ascii_digit()) {
+                true => micros.parse().map(Duration::from_micros).ok(),
+                false => None,
+            }
+            .ok_or_else(|| format!("\"{s}\" is not a whole number of microseconds"))?
+        }
+        Some(v) => Duration::from_nanos(nanos(v)?),
+    };
+    if slice.is_zero() || CHECK_SLICES.contains(&slice) {
+        Ok(slice)
+    } else {
+        Err("must be from \"100us\" to \"100ms\" (what Linux accepts), or \"0ms\" for the kernel's default".into())
     }
 }
 

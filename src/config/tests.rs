@@ -55,6 +55,36 @@ fn round_nice_defaults_to_ten_and_zero_turns_it_off() {
 }
 
 #[test]
+fn check_slice_takes_microseconds_or_any_duration_within_what_linux_accepts() {
+    let rule = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\n";
+    let slice = |v: &str| {
+        parse(&format!("[server]\ncheck_slice = {v}\n{rule}")).map(|c| c.server.check_slice)
+    };
+    assert_eq!(parse(rule).unwrap().server.check_slice, DEFAULT_CHECK_SLICE);
+    assert_eq!(DEFAULT_CHECK_SLICE, Duration::from_micros(100));
+    assert_eq!(slice("\"250us\"").unwrap(), Duration::from_micros(250));
+    assert_eq!(slice("\"2ms\"").unwrap(), Duration::from_millis(2));
+    assert_eq!(slice("\"100ms\"").unwrap(), Duration::from_millis(100));
+    assert_eq!(slice("\"0ms\"").unwrap(), Duration::ZERO);
+    assert_eq!(slice("\"0us\"").unwrap(), Duration::ZERO);
+    for (bad, says) in [
+        ("\"99us\"", "must be from \"100us\" to \"100ms\""),
+        ("\"101ms\"", "must be from \"100us\" to \"100ms\""),
+        ("\"1s\"", "must be from \"100us\" to \"100ms\""),
+        ("\"us\"", "is not a duration"),
+        ("\"1.5us\"", "is not a whole number of microseconds"),
+        ("\"-5us\"", "is not a whole number of microseconds"),
+        ("100", "must be a duration string"),
+    ] {
+        let e = slice(bad).unwrap_err().to_string();
+        assert!(
+            e.contains("[server], field \"check_slice\": ") && e.contains(says),
+            "check_slice = {bad}: {e}"
+        );
+    }
+}
+
+#[test]
 fn composite_rule_parses_each_limit() {
     let c = parse(
         r#"
