@@ -485,7 +485,7 @@ fn report_slice(requested: Duration, outcome: std::io::Result<slice::Outcome>) {
         ),
         Ok(slice::Outcome::NotFair(policy)) => tracing::info!(
             policy,
-            "the node runs under a real-time scheduling policy: check_slice left alone"
+            "the node runs under a real-time or idle scheduling policy: check_slice left alone"
         ),
         Err(e) => tracing::warn!(
             error = %e,
@@ -519,8 +519,8 @@ mod slice {
         /// The kernel took the call but reports another slice (before Linux 6.12 the
         /// field is ignored for normal threads).
         Ignored,
-        /// The thread runs under a real-time or other policy a slice does not apply to
-        /// (someone started the node under `chrt`): left alone.
+        /// The thread runs under a real-time policy or `SCHED_IDLE` (someone started the
+        /// node under `chrt`): left alone.
         NotFair(u32),
     }
 
