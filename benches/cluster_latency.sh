@@ -254,10 +254,10 @@ probe() {
 
 # One measured run; appends "rate target run requests achieved p50 p90 p99 p999 max non2xx
 # errors late probe_late lag_p50 lag_p99 cpu_us_per_check peers_cpu_us_per_check
-# other_cpu0_pct other_cpu1_pct probe_cpu_pct wait_us_per_check" to $RESULTS. other_cpu0_pct: the share of
-# NODE_CPU that went to anything but node-1 and the standalone node during the run (other
-# work on the machine competing with the node under test); other_cpu1_pct: the same for
-# OTHER_CPU, less nodes 2-3 and the probe; probe_cpu_pct: the probe's share of OTHER_CPU.
+# other_cpu0_pct other_cpu1_pct probe_cpu_pct wait_us_per_check" to $RESULTS (the last:
+# see "Run-queue wait" above). other_cpu0_pct: the share of NODE_CPU that went to anything
+# but node-1 and the standalone node during the run (other work on the machine competing
+# with the node under test); other_cpu1_pct: the same for OTHER_CPU, less nodes 2-3 and the probe; probe_cpu_pct: the probe's share of OTHER_CPU.
 # The per-CPU busy time comes from /proc/stat, which this kernel samples at each tick (a
 # process's utime+stime is exact), so the other_* figures are rough: good at showing a
 # build or test run competing for the CPU (tens of %), not at a few %.

@@ -476,7 +476,7 @@ fn runtime(check_slice: Duration) -> Result<tokio::runtime::Runtime, ExitCode> {
 fn report_slice(requested: Duration, outcome: std::io::Result<slice::Outcome>) {
     let requested = format!("{}us", requested.as_micros());
     match outcome {
-        Ok(slice::Outcome::Set(_)) => {
+        Ok(slice::Outcome::Set) => {
             tracing::info!(check_slice = %requested, "check threads run with a short scheduler slice");
         }
         Ok(slice::Outcome::Ignored) => tracing::info!(
@@ -514,8 +514,8 @@ mod slice {
     /// What became of a request for a slice.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub enum Outcome {
-        /// The kernel now reports this slice for the thread.
-        Set(Duration),
+        /// The kernel now reports the slice asked for.
+        Set,
         /// The kernel took the call but reports another slice (before Linux 6.12 the
         /// field is ignored for normal threads).
         Ignored,
@@ -582,7 +582,7 @@ mod slice {
             return Err(io::Error::last_os_error());
         }
         Ok(match get()?.sched_runtime {
-            now if now == ns => Outcome::Set(slice),
+            now if now == ns => Outcome::Set,
             _ => Outcome::Ignored,
         })
     }
@@ -629,7 +629,7 @@ mod slice {
             assert_eq!(after.0, before.0, "policy kept");
             assert_eq!(after.1, before.1, "nice kept");
             if kernel() >= (6, 12) {
-                assert_eq!(outcome, Outcome::Set(Duration::from_micros(250)));
+                assert_eq!(outcome, Outcome::Set);
                 assert_eq!(after.2, Duration::from_micros(250));
             } else {
                 assert_eq!(outcome, Outcome::Ignored);

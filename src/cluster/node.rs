@@ -658,8 +658,9 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender, nice
 }
 
 /// Lowers the calling thread's CPU priority as `round_nice` says (a nice value that much
-/// above the main thread's), once per thread (on Linux a thread has its own), so that on a core checks and the cluster share the scheduler runs
-/// a waiting check first. Every thread of the cluster's runtime does it when it starts.
+/// above the main thread's), once per thread (on Linux a thread has its own), so that on a
+/// core checks and the cluster share the scheduler runs a waiting check first. Every thread
+/// of the cluster's runtime does it when it starts.
 ///
 /// A raised nice value gives the cluster a smaller share of a busy core, but once the
 /// scheduler picks a cluster thread it runs its whole slice (EEVDF's slice does not shrink

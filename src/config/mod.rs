@@ -825,11 +825,12 @@ fn check_slice(v: Option<&Value>) -> Result<Duration, String> {
         None => return Ok(DEFAULT_CHECK_SLICE),
         Some(Value::String(s)) if s.ends_with("us") && s.len() > 2 => {
             let micros = &s[..s.len() - 2];
-            match micros.bytes().all(|b| b.is_ascii_digit()) {
-                true => micros.parse().map(Duration::from_micros).ok(),
-                false => None,
+            // `parse` alone would take a leading `+`.
+            let whole = micros.bytes().all(|b| b.is_ascii_digit());
+            match micros.parse() {
+                Ok(n) if whole => Duration::from_micros(n),
+                _ => return Err(format!("\"{s}\" is not a whole number of microseconds")),
             }
-            .ok_or_else(|| format!("\"{s}\" is not a whole number of microseconds"))?
         }
         Some(v) => Duration::from_nanos(nanos(v)?),
     };
