@@ -63,6 +63,10 @@ struct SimArgs {
     /// Measure one scaling point, NODES,KEYS (as in the report's table), and print its row.
     #[arg(long, value_name = "NODES,KEYS", value_parser = scale_point, conflicts_with_all = ["seed", "seeds", "report"])]
     scale: Option<(usize, usize)>,
+    /// Run the aggregation tree (design §11) instead of the full mesh: with --scale, --seed
+    /// or --seeds (fixed windows; `split` across partitions).
+    #[arg(long, conflicts_with_all = ["report", "on_partition"])]
+    tree: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -228,6 +232,14 @@ fn sim(args: &SimArgs) -> ExitCode {
             }
         };
     }
+    if let Some((nodes, keys)) = args.scale
+        && args.tree
+    {
+        println!("{}", sim::report::TREE_SCALE_HEADER);
+        let point = gossamer::cluster::tree::sim::scale(nodes, keys, 7);
+        println!("{}", sim::report::tree_scale_row(&point));
+        return ExitCode::SUCCESS;
+    }
     if let Some((nodes, keys)) = args.scale {
         println!("{}", sim::report::SCALE_HEADER);
         let point = sim::scale(nodes, keys, 7);
@@ -242,6 +254,24 @@ fn sim(args: &SimArgs) -> ExitCode {
     };
     let one = seeds.end - seeds.start == 1;
     let started = std::time::Instant::now();
+    if args.tree {
+        use gossamer::cluster::tree::sim as tree;
+        let summary = tree::explore(seeds.clone(), threads);
+        if one {
+            let setup = tree::TreeSetup::from_seed(seeds.start);
+            print!("{}", tree::run(&setup).describe(&setup));
+        } else {
+            for failure in &summary.failures {
+                println!("{failure}");
+            }
+        }
+        println!("{}", summary.line(started.elapsed()));
+        return if summary.failures.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(EXIT_DENIED)
+        };
+    }
     let summary = sim::explore(seeds.clone(), threads, |s| s.on_partition = mode);
     if one {
         let mut setup = sim::Setup::from_seed(seeds.start);

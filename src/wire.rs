@@ -71,6 +71,57 @@ pub enum Message {
         /// Every slot the digest's owner may lack, with all the sender's dots there.
         entries: Vec<Delta>,
     },
+    /// The aggregation tree (`cluster::tree`, design §11): a subtree's sums, from a child to
+    /// its parent.
+    TreeUp(TreeSums),
+    /// The aggregation tree: the whole view's totals of the keys a child's subtree reported,
+    /// from a parent to that child.
+    TreeDown(TreeSums),
+}
+
+/// Sums over members of the aggregation tree (`cluster::tree`) for one round.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeSums {
+    /// The sender.
+    pub from: Actor,
+    /// The round number: the boundary's time divided by the round length.
+    pub round: u64,
+    /// A hash of the sender's view (its members, generations included); a message of
+    /// another view is ignored.
+    pub view: u64,
+    /// How many members' contributions the sums include: the sender's subtree on the way
+    /// up; the whole view when a round is complete, on the way down.
+    pub members: u64,
+    /// The highest round through which any of those members grants nothing (it saw a
+    /// member leave, or started): slots such a round could have granted room in are served
+    /// from what is held.
+    pub freeze: u64,
+    /// Per (rule, key, slot), in increasing order.
+    pub entries: Vec<TreeEntry>,
+}
+
+/// One (rule, key, slot)'s sums in a [`TreeSums`]. Members that did not report the key hold
+/// nothing of it and add zero.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeEntry {
+    /// The rule.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// The slot (window) number.
+    pub slot: u64,
+    /// Units admitted in the slot.
+    pub admitted: u64,
+    /// Room held in the slot: units leased and not yet spent.
+    pub held: u64,
+    /// Smoothed demand: cost units arriving per round.
+    pub demand: u64,
+    /// Raw grants asked for: each member's `(target - held)`, before scaling to the free
+    /// room.
+    pub raw: u64,
+    /// Down only: the raw grants of the members before the receiver's subtree in the tree's
+    /// pre-order, so each member scales its own interval of `[0, raw)` (0 on the way up).
+    pub offset: u64,
 }
 
 /// What a node publishes at the boundary of round `round`: the inputs every peer needs to
@@ -272,6 +323,35 @@ mod tests {
             )
     }
 
+    fn tree_sums() -> impl Strategy<Value = TreeSums> {
+        let entry =
+            ("[a-z]{0,4}", "[a-z0-9]{0,8}", any::<[u64; 6]>()).prop_map(|(rule, key, v)| {
+                TreeEntry {
+                    rule,
+                    key,
+                    slot: v[0],
+                    admitted: v[1],
+                    held: v[2],
+                    demand: v[3],
+                    raw: v[4],
+                    offset: v[5],
+                }
+            });
+        (
+            actor(),
+            any::<[u64; 4]>(),
+            proptest::collection::vec(entry, 0..6),
+        )
+            .prop_map(|(from, v, entries)| TreeSums {
+                from,
+                round: v[0],
+                view: v[1],
+                members: v[2],
+                freeze: v[3],
+                entries,
+            })
+    }
+
     fn message() -> impl Strategy<Value = Message> {
         let digest = proptest::collection::vec(
             ("[a-z]{0,8}", proptest::collection::vec(any::<u64>(), 0..20))
@@ -285,6 +365,8 @@ mod tests {
             round_frame().prop_map(Message::Round),
             (actor(), digest).prop_map(|(from, digest)| Message::Digest { from, digest }),
             (actor(), deltas()).prop_map(|(from, entries)| Message::Repair { from, entries }),
+            tree_sums().prop_map(Message::TreeUp),
+            tree_sums().prop_map(Message::TreeDown),
         ]
     }
 

@@ -1164,7 +1164,9 @@ impl Global {
         let from = match &message {
             Message::Round(f) => &f.from,
             Message::Digest { from, .. } | Message::Repair { from, .. } => from,
-            Message::Hello { .. } => return Err(Reject::Unexpected),
+            Message::Hello { .. } | Message::TreeUp(_) | Message::TreeDown(_) => {
+                return Err(Reject::Unexpected);
+            }
         };
         if from.node != peer || from.node == self.me.node {
             return Err(Reject::Impostor);
@@ -1267,7 +1269,9 @@ impl Global {
                 }
                 Ok(Vec::new())
             }
-            Message::Hello { .. } => Err(Reject::Unexpected),
+            Message::Hello { .. } | Message::TreeUp(_) | Message::TreeDown(_) => {
+                Err(Reject::Unexpected)
+            }
         }
     }
 

@@ -6,6 +6,8 @@
 //! - [`tls`]: mutual TLS under a cluster CA (or ephemeral, unauthenticated certificates).
 //! - [`node`]: the shell that runs the round protocol over membership and QUIC.
 //! - [`sim`]: the round protocol on virtual time under seeded faults (`gossamer sim`).
+//! - [`tree`]: global fixed windows over an aggregation tree (design §11), with its own
+//!   simulation; not wired into the node yet.
 
 #[doc(hidden)]
 pub mod fuzzing;
@@ -15,3 +17,4 @@ pub mod node;
 pub mod quic;
 pub mod sim;
 pub mod tls;
+pub mod tree;

@@ -371,6 +371,27 @@ pub fn scale_row(p: &ScalePoint) -> String {
     )
 }
 
+/// The header of the aggregation tree's scaling table.
+pub const TREE_SCALE_HEADER: &str = "| nodes | keys per round | bytes/node/s (mean) | bytes/node/s (most) | messages/node/s | converge | admitted (of 2,000) | worst window (limit 1,000) | complete rounds | simulated in |\n|---|---|---|---|---|---|---|---|---|---|";
+
+/// One row of the aggregation tree's scaling table.
+pub fn tree_scale_row(p: &crate::cluster::tree::sim::TreeScalePoint) -> String {
+    format!(
+        "| {} | {} | {} | {} | {:.1} | {} | {:.1}% | {} | {:.1}% | {:.1} s |",
+        p.nodes,
+        p.keys,
+        human_bytes(p.bytes_per_node_second),
+        human_bytes(p.max_bytes_per_node_second),
+        p.messages_per_node_second,
+        p.converge
+            .map_or("> 3 s".to_owned(), |t| format!("{} ms", t / MS)),
+        100.0 * p.admitted as f64 / 2000.0,
+        p.worst_window,
+        100.0 * p.complete,
+        p.took.as_secs_f64()
+    )
+}
+
 /// What a scaling point's bytes were (`gossamer sim --scale` prints it under the row).
 pub fn scale_traffic(p: &ScalePoint) -> String {
     let t = p.traffic;

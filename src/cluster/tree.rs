@@ -1,0 +1,680 @@
+//! Global fixed windows over an aggregation tree (docs/design.md §11), sans-IO.
+//!
+//! The full-mesh round protocol ([`global`](crate::cluster::global)) has every node send its
+//! frame to every other node each round, so a node's traffic grows linearly with the cluster.
+//! Here a round's inputs travel as *sums* instead: the view's members, ordered and rotated by
+//! round, form a tree of fan-out `b`; at the round's boundary each node sends its parent the
+//! sums of its subtree per (rule, key, slot): units admitted, room held, demand, and the raw
+//! grant each member asks for. The root sends the totals back down, each child getting only
+//! the keys its subtree reported. A node then grants itself `⌊r · min(1, F / Σr)⌋` of the
+//! free room `F = C − admitted − held`, with `r` the raw grant it put into the sums, so the
+//! grants of a round sum to at most `F` when the totals include every member of the view.
+//! A node sends one message up and at most `b` down per round, each sized by the keys active
+//! in its subtree, whatever the size of the cluster.
+//!
+//! Why the limit holds (each slot, each key):
+//! - A node's *charge* `admitted + held` changes only at its boundaries (room above its
+//!   target given back: smaller) and when it applies a round's grants (larger). A check
+//!   moves a unit from held to admitted.
+//! - A round's grants are applied only if its totals include every member of the view, and
+//!   only before the node's next boundary (later, they are dropped). So when anyone applies
+//!   round `n`'s grants, every member has taken its snapshot of round `n`, and every charge
+//!   is its round-`n` snapshot plus at most its round-`n` grant: the sum stays within
+//!   `C`.
+//! - A member leaving the view (crash, restart as a new generation, cut off) takes its
+//!   charge out of the sums. A node whose view loses a member, or that starts, therefore
+//!   grants nothing more in any slot up to the one after its next round's boundary: a
+//!   member could only have been granted room in slots up to that one. Those slots are
+//!   served from what each node holds; later slots start from zero charge everywhere.
+//! - Across a partition, each side's view holds its own members and each allots the whole
+//!   limit in slots after its freeze: at most `sides × C` per slot, the bound of
+//!   `on_partition = "split"` (design §5). When the sides merge, the totals include both
+//!   sides' charges and nothing more is granted until the room is free again.
+//!
+//! What the full mesh has that this does not (yet): sliding windows and buckets, starters
+//! (a key's first check at a node waits for a round's grant), `hold` across partitions,
+//! and counts readable by every node (a node sees totals only for keys it reported).
+//! It is not wired into the node: the simulation (`tree::sim`, `gossamer sim --tree`) runs
+//! it.
+
+use std::collections::BTreeMap;
+
+use crate::cluster::global::{Output, Reject};
+use crate::counter::{Actor, StableHasher};
+use crate::limiter::{Algorithm, Limit, MILLISECOND, Nanos};
+use crate::wire::{Message, TreeEntry, TreeSums};
+
+pub mod sim;
+#[cfg(test)]
+mod tests;
+
+/// The default fan-out: each node has up to this many children.
+pub const DEFAULT_FANOUT: usize = 8;
+/// The default time a node waits for its children per level below it, from the boundary.
+pub const DEFAULT_HOP: Nanos = 10 * MILLISECOND;
+
+/// How the tree runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TreeParams {
+    /// The round length.
+    pub round: Nanos,
+    /// Children per node.
+    pub fanout: usize,
+    /// How long a node waits for its children, per level of its subtree, after its boundary.
+    pub hop: Nanos,
+}
+
+impl Default for TreeParams {
+    fn default() -> TreeParams {
+        TreeParams {
+            round: crate::cluster::global::DEFAULT_ROUND,
+            fanout: DEFAULT_FANOUT,
+            hop: DEFAULT_HOP,
+        }
+    }
+}
+
+/// A rule the tree cannot run.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum TreeError {
+    /// Only fixed windows (one limit per rule) run over the tree so far.
+    #[error("rule {0}: the tree exchange runs single fixed-window limits only")]
+    Unsupported(String),
+    /// The fan-out must be at least 2.
+    #[error("fan-out {0}: must be at least 2")]
+    Fanout(usize),
+}
+
+/// (rule, key, slot): what an entry of the sums is about.
+type EntryKey = (String, String, u64);
+
+/// One (rule, key, slot)'s sums.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Sums {
+    admitted: u64,
+    held: u64,
+    demand: u64,
+    raw: u64,
+    /// On the way down: the raw grants of the members before this subtree, in the tree's
+    /// pre-order (see [`Tree::down`]). Not summed.
+    offset: u64,
+}
+
+impl Sums {
+    fn add(&mut self, o: &Sums) {
+        self.admitted = self.admitted.saturating_add(o.admitted);
+        self.held = self.held.saturating_add(o.held);
+        self.demand = self.demand.saturating_add(o.demand);
+        self.raw = self.raw.saturating_add(o.raw);
+    }
+}
+
+/// A subtree's (or the view's) sums for one round.
+#[derive(Clone, Debug, Default)]
+struct Agg {
+    /// Members included.
+    members: u64,
+    /// The highest `frozen_through` among them.
+    freeze: u64,
+    entries: BTreeMap<EntryKey, Sums>,
+}
+
+/// One slot of one key at this node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Slot {
+    admitted: u64,
+    /// Leased and not yet spent.
+    held: u64,
+}
+
+/// One key at this node.
+#[derive(Clone, Debug, Default)]
+struct KeyState {
+    slots: BTreeMap<u64, Slot>,
+    /// Cost units asked for since the last boundary.
+    arrivals: u64,
+    /// Smoothed arrivals per round.
+    demand: u64,
+    /// The last complete round's totals: the view's demand, and per slot what was admitted.
+    total_demand: u64,
+    /// The round those totals are of.
+    totals_round: Option<u64>,
+    admitted_in: BTreeMap<u64, u64>,
+}
+
+/// A round in progress at this node: from its boundary until its next one.
+#[derive(Debug)]
+struct RoundBuf {
+    parent: Option<Actor>,
+    children: Vec<Actor>,
+    /// The boundary plus `hop` per level below this node: send up, complete or not.
+    deadline: Nanos,
+    /// This node's own contribution, raw grants included.
+    own: BTreeMap<EntryKey, Sums>,
+    /// Each child's subtree sums, by child node id.
+    from_children: BTreeMap<String, Agg>,
+    sent_up: bool,
+    done: bool,
+}
+
+/// What the tree did, for tests and the simulation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TreeStats {
+    /// Rounds whose totals included every member, applied here.
+    pub complete_rounds: u64,
+    /// Rounds whose totals arrived short of members (a child missed its deadline).
+    pub short_rounds: u64,
+    /// Messages for a round this node was not in, or from a node that is not its parent or
+    /// child in it (late, another view, or never sent to it).
+    pub ignored: u64,
+    /// Units granted to this node.
+    pub granted: u64,
+    /// Units given back at boundaries (held above the target).
+    pub released: u64,
+}
+
+/// One node's side of the aggregation tree. See the module docs.
+#[derive(Debug)]
+pub struct Tree {
+    me: Actor,
+    params: TreeParams,
+    rules: BTreeMap<String, Limit>,
+    /// The view: members in order, this node included when it is a member.
+    members: Vec<Actor>,
+    view: u64,
+    /// No grant in any slot that a round up to this one could have granted room in (a
+    /// member left, or this node started); the highest of every member's is in a round's
+    /// totals, and every node takes it up from there.
+    frozen_through: u64,
+    keys: BTreeMap<(String, String), KeyState>,
+    rounds: BTreeMap<u64, RoundBuf>,
+    /// Messages for the next round, which arrived before this node's boundary (its clock
+    /// behind the sender's): at most `fanout + 1`.
+    early: Vec<(String, Message)>,
+    /// The next boundary to take.
+    next_round: u64,
+    stats: TreeStats,
+}
+
+impl Tree {
+    /// A node starting at `now` with these rules (fixed windows only). It grants itself
+    /// nothing in slots up to the one after its first boundary (its previous incarnation,
+    /// if any, may hold room there that nobody counts any more).
+    pub fn new(
+        me: Actor,
+        rules: Vec<(String, Limit)>,
+        params: TreeParams,
+        now: Nanos,
+    ) -> Result<Tree, TreeError> {
+        if params.fanout < 2 {
+            return Err(TreeError::Fanout(params.fanout));
+        }
+        let mut by_name = BTreeMap::new();
+        for (name, limit) in rules {
+            if limit.algorithm() != Algorithm::FixedWindow {
+                return Err(TreeError::Unsupported(name));
+            }
+            by_name.insert(name, limit);
+        }
+        let next_round = now / params.round + 1;
+        let tree = Tree {
+            me,
+            params,
+            rules: by_name,
+            members: Vec::new(),
+            view: 0,
+            frozen_through: next_round,
+            keys: BTreeMap::new(),
+            rounds: BTreeMap::new(),
+            early: Vec::new(),
+            next_round,
+            stats: TreeStats::default(),
+        };
+        Ok(tree)
+    }
+
+    /// This node's incarnation.
+    pub fn me(&self) -> &Actor {
+        &self.me
+    }
+
+    /// What the tree did so far.
+    pub fn stats(&self) -> &TreeStats {
+        &self.stats
+    }
+
+    /// The view's hash (0 before the first view).
+    pub fn view(&self) -> u64 {
+        self.view
+    }
+
+    /// Whether `x` is a slot that a round up to `frozen_through` could have granted room
+    /// in, for a limit of slots `len` long.
+    fn frozen(&self, x: u64, len: Nanos) -> bool {
+        x <= (self.frozen_through + 1) * self.params.round / len
+    }
+
+    /// The members the membership layer holds alive now (this node among them, or it takes
+    /// part in no round). A member missing since the last view freezes the open slots.
+    pub fn set_members(&mut self, members: &[Actor], now: Nanos) {
+        let mut members = members.to_vec();
+        members.sort();
+        members.dedup();
+        if members == self.members {
+            return;
+        }
+        let lost = self.members.iter().any(|m| !members.contains(m));
+        if lost {
+            // Rounds before the next boundary may still have granted the lost member room
+            // in slots up to the one after that boundary.
+            self.frozen_through = self.frozen_through.max(now / self.params.round + 1);
+        }
+        let mut h = StableHasher::new();
+        for m in &members {
+            h.str(&m.node);
+            h.u64(m.generation);
+        }
+        self.view = h.finish();
+        self.members = members;
+        // Rounds of the old view can no longer complete here.
+        self.rounds.clear();
+        self.early.clear();
+    }
+
+    /// Checks `cost` units of `key` under `rule` at `now`: admitted from the room this node
+    /// holds in the current slot, or denied. `None`: no such rule.
+    pub fn check(&mut self, rule: &str, key: &str, cost: u64, now: Nanos) -> Option<bool> {
+        let limit = self.rules.get(rule)?;
+        let slot = now / limit.period();
+        let k = self
+            .keys
+            .entry((rule.to_owned(), key.to_owned()))
+            .or_default();
+        k.arrivals = k.arrivals.saturating_add(cost);
+        let s = k.slots.entry(slot).or_default();
+        if s.held >= cost {
+            s.held -= cost;
+            s.admitted += cost;
+            Some(true)
+        } else {
+            Some(false)
+        }
+    }
+
+    /// Units this node admitted in `slot` of `key` (for the simulation's truth).
+    pub fn admitted(&self, rule: &str, key: &str, slot: u64) -> u64 {
+        self.keys
+            .get(&(rule.to_owned(), key.to_owned()))
+            .and_then(|k| k.slots.get(&slot))
+            .map_or(0, |s| s.admitted)
+    }
+
+    /// The admitted total of `key` in `slot` in the last complete round's totals this node
+    /// received (only for keys it reported).
+    pub fn known_total(&self, rule: &str, key: &str, slot: u64) -> Option<u64> {
+        self.keys
+            .get(&(rule.to_owned(), key.to_owned()))
+            .and_then(|k| k.admitted_in.get(&slot).copied())
+    }
+
+    /// When [`tick`](Tree::tick) next has something to do.
+    pub fn next_tick(&self) -> Nanos {
+        let boundary = self.next_round * self.params.round;
+        self.rounds
+            .values()
+            .filter(|r| !r.sent_up)
+            .map(|r| r.deadline)
+            .fold(boundary, Nanos::min)
+    }
+
+    /// Takes every boundary due by `now` and sends up what is past its deadline.
+    pub fn tick(&mut self, now: Nanos) -> Vec<Output> {
+        let mut out = Vec::new();
+        while self.next_round * self.params.round <= now {
+            let n = self.next_round;
+            self.next_round += 1;
+            self.boundary(n, &mut out);
+            for (from, message) in std::mem::take(&mut self.early) {
+                // Only messages of this round were kept; others are counted as ignored.
+                if let Ok(o) = self.receive(&from, message) {
+                    out.extend(o);
+                }
+            }
+        }
+        let due: Vec<u64> = self
+            .rounds
+            .iter()
+            .filter(|(_, r)| !r.sent_up && r.deadline <= now)
+            .map(|(&n, _)| n)
+            .collect();
+        for n in due {
+            self.send_up(n, &mut out);
+        }
+        out
+    }
+
+    /// Position `p`'s children and the levels below it, in a tree of `len` members.
+    fn shape(&self, p: usize, len: usize) -> (Vec<usize>, u64) {
+        let b = self.params.fanout;
+        let children = (b * p + 1..=b * p + b).filter(|&c| c < len).collect();
+        let mut levels = 0;
+        let mut c = b * p + 1;
+        while c < len {
+            levels += 1;
+            c = b * c + 1;
+        }
+        (children, levels)
+    }
+
+    fn boundary(&mut self, n: u64, out: &mut Vec<Output>) {
+        // Grants of earlier rounds not applied by now are dropped (see the module docs).
+        self.rounds.retain(|&r, _| r >= n);
+        let start = n * self.params.round;
+        let next_start = start + self.params.round;
+        let mut own = BTreeMap::new();
+        let rules = &self.rules;
+        let (frozen_through, round) = (self.frozen_through, self.params.round);
+        let members = self.members.len().max(1) as u64;
+        let mut released = 0;
+        self.keys.retain(|(rule, key), k| {
+            let limit = &rules[rule];
+            let (c, len) = (limit.limit(), limit.period());
+            let (cur, next) = (start / len, next_start / len);
+            k.demand = decay(k.demand, std::mem::take(&mut k.arrivals));
+            k.slots.retain(|&s, _| s >= cur);
+            k.admitted_in.retain(|&s, _| s >= cur);
+            for x in if next == cur { cur..=cur } else { cur..=next } {
+                let s = k.slots.entry(x).or_default();
+                // The target: the room left, by this node's share of the demand.
+                // Without the last round's totals (this node did not report the key then),
+                // an even split. Rounded up, so every node with demand may hold a unit: the
+                // grants are scaled to the free room whatever the targets sum to.
+                let room = c.saturating_sub(k.admitted_in.get(&x).copied().unwrap_or(0));
+                let (share, total) = if k.totals_round == Some(n - 1) {
+                    (k.demand, k.total_demand.max(k.demand).max(1))
+                } else {
+                    (u64::from(k.demand > 0), members)
+                };
+                let target =
+                    (u128::from(room) * u128::from(share)).div_ceil(u128::from(total)) as u64;
+                if s.held > target {
+                    released += s.held - target;
+                    s.held = target;
+                }
+                // A frozen slot is served from what is held: nothing is asked for there.
+                let frozen = x <= (frozen_through + 1) * round / len;
+                let raw = if frozen { 0 } else { target - s.held };
+                if s.admitted > 0 || s.held > 0 || k.demand > 0 {
+                    own.insert(
+                        (rule.clone(), key.clone(), x),
+                        Sums {
+                            admitted: s.admitted,
+                            held: s.held,
+                            demand: k.demand,
+                            raw,
+                            offset: 0,
+                        },
+                    );
+                }
+            }
+            k.slots.retain(|_, s| s.admitted > 0 || s.held > 0);
+            !k.slots.is_empty() || k.demand > 0
+        });
+        self.stats.released += released;
+        let len = self.members.len();
+        let Some(i) = self.members.iter().position(|m| *m == self.me) else {
+            return;
+        };
+        // Rotated by round, so the root (position 0) moves from member to member.
+        let p = (i + len - (n % len as u64) as usize) % len;
+        let member = |q: usize| self.members[(q + (n % len as u64) as usize) % len].clone();
+        let (children, levels) = self.shape(p, len);
+        let parent = (p > 0).then(|| member((p - 1) / self.params.fanout));
+        let children: Vec<Actor> = children.into_iter().map(member).collect();
+        self.rounds.insert(
+            n,
+            RoundBuf {
+                parent,
+                deadline: start + levels * self.params.hop,
+                children,
+                own,
+                from_children: BTreeMap::new(),
+                sent_up: false,
+                done: false,
+            },
+        );
+        if self.rounds[&n].children.is_empty() {
+            self.send_up(n, out);
+        }
+    }
+
+    /// Sends round `n`'s subtree sums to the parent, or, at the root, the totals down.
+    fn send_up(&mut self, n: u64, out: &mut Vec<Output>) {
+        let Some(r) = self.rounds.get_mut(&n) else {
+            return;
+        };
+        if r.sent_up {
+            return;
+        }
+        r.sent_up = true;
+        let mut sums = Agg {
+            members: 1,
+            freeze: self.frozen_through,
+            entries: r.own.clone(),
+        };
+        for child in r.from_children.values() {
+            sums.members += child.members;
+            sums.freeze = sums.freeze.max(child.freeze);
+            for (e, s) in &child.entries {
+                sums.entries.entry(e.clone()).or_default().add(s);
+            }
+        }
+        match r.parent.clone() {
+            Some(parent) => {
+                let message = Message::TreeUp(self.encode(n, &sums));
+                out.push(Output::To(parent.node, message));
+            }
+            None => self.down(n, &sums, out),
+        }
+    }
+
+    fn encode(&self, n: u64, sums: &Agg) -> TreeSums {
+        TreeSums {
+            from: self.me.clone(),
+            round: n,
+            view: self.view,
+            members: sums.members,
+            freeze: sums.freeze,
+            entries: sums
+                .entries
+                .iter()
+                .map(|((rule, key, slot), s)| TreeEntry {
+                    rule: rule.clone(),
+                    key: key.clone(),
+                    slot: *slot,
+                    admitted: s.admitted,
+                    held: s.held,
+                    demand: s.demand,
+                    raw: s.raw,
+                    offset: s.offset,
+                })
+                .collect(),
+        }
+    }
+
+    /// Round `n`'s totals reached this node: pass each child the keys its subtree
+    /// reported, and grant if the totals include every member.
+    fn down(&mut self, n: u64, totals: &Agg, out: &mut Vec<Output>) {
+        let Some(r) = self.rounds.get_mut(&n) else {
+            return;
+        };
+        r.done = true;
+        let complete = totals.members == self.members.len() as u64;
+        // Each member's raw grants are an interval of the totals' `[0, Σr)` in pre-order
+        // (a node's own, then each child's subtree in order): this subtree starts at the
+        // entry's offset, a child's after this node's own and its earlier siblings'.
+        let mut before: BTreeMap<&EntryKey, u64> = r
+            .own
+            .iter()
+            .filter_map(|(e, s)| Some((e, totals.entries.get(e)?.offset.saturating_add(s.raw))))
+            .collect();
+        let mut messages = Vec::new();
+        for child in &r.children {
+            let Some(reported) = r.from_children.get(&child.node) else {
+                continue;
+            };
+            let mut entries = BTreeMap::new();
+            for (e, sub) in &reported.entries {
+                let Some(t) = totals.entries.get(e) else {
+                    continue;
+                };
+                let start = before.entry(e).or_insert(t.offset);
+                entries.insert(
+                    e.clone(),
+                    Sums {
+                        offset: *start,
+                        ..*t
+                    },
+                );
+                *start = start.saturating_add(sub.raw);
+            }
+            let part = Agg { entries, ..*totals };
+            messages.push((child.node.clone(), part));
+        }
+        let own = std::mem::take(&mut r.own);
+        for (node, part) in messages {
+            let message = Message::TreeDown(self.encode(n, &part));
+            out.push(Output::To(node, message));
+        }
+        if !complete {
+            self.stats.short_rounds += 1;
+            return;
+        }
+        self.stats.complete_rounds += 1;
+        // Every member's freeze is in the totals: a member that saw another leave (which
+        // this node may not have, if it was away) keeps everyone from granting where the
+        // one that left may hold room.
+        self.frozen_through = self.frozen_through.max(totals.freeze);
+        let mut granted = 0;
+        for ((rule, key, x), mine) in own {
+            let Some(t) = totals.entries.get(&(rule.clone(), key.clone(), x)) else {
+                continue;
+            };
+            let limit = &self.rules[&rule];
+            let (c, frozen) = (limit.limit(), self.frozen(x, limit.period()));
+            let Some(k) = self.keys.get_mut(&(rule, key)) else {
+                continue;
+            };
+            k.total_demand = t.demand;
+            k.totals_round = Some(n);
+            k.admitted_in.insert(x, t.admitted);
+            if frozen || mine.raw == 0 {
+                continue;
+            }
+            // Scaled to the free room by the interval's ends, so the grants of the round sum to
+            // exactly `⌊Σr · F / Σr⌋ = F` when they must be scaled (rounding each on its own
+            // would lose up to a unit per member every round).
+            let free = c.saturating_sub(t.admitted).saturating_sub(t.held);
+            let g = if t.raw <= free {
+                mine.raw
+            } else {
+                let at = |x: u64| u128::from(x) * u128::from(free) / u128::from(t.raw);
+                (at(t.offset.saturating_add(mine.raw)) - at(t.offset)) as u64
+            };
+            if g > 0 {
+                let s = k.slots.entry(x).or_default();
+                s.held += g;
+                granted += g;
+            }
+        }
+        self.stats.granted += granted;
+    }
+
+    /// A message from `peer` (the authenticated sender).
+    pub fn receive(&mut self, peer: &str, message: Message) -> Result<Vec<Output>, Reject> {
+        let (up, sums) = match message {
+            Message::TreeUp(s) => (true, s),
+            Message::TreeDown(s) => (false, s),
+            _ => return Err(Reject::Unexpected),
+        };
+        if sums.from.node != peer || peer == self.me.node {
+            return Err(Reject::Impostor);
+        }
+        if sums.round == self.next_round
+            && sums.view == self.view
+            && self.early.len() <= self.params.fanout
+        {
+            // Sent before this node's boundary (its clock is behind): kept for it.
+            let message = if up {
+                Message::TreeUp(sums)
+            } else {
+                Message::TreeDown(sums)
+            };
+            self.early.push((peer.to_owned(), message));
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let view = self.view;
+        let len = self.members.len() as u64;
+        let n = sums.round;
+        let Some(r) = self
+            .rounds
+            .get_mut(&n)
+            .filter(|r| sums.view == view && !r.done)
+        else {
+            self.stats.ignored += 1;
+            return Ok(out);
+        };
+        let agg = || Agg {
+            members: sums.members,
+            freeze: sums.freeze,
+            entries: sums
+                .entries
+                .iter()
+                .map(|e| {
+                    (
+                        (e.rule.clone(), e.key.clone(), e.slot),
+                        Sums {
+                            admitted: e.admitted,
+                            held: e.held,
+                            demand: e.demand,
+                            raw: e.raw,
+                            offset: e.offset,
+                        },
+                    )
+                })
+                .collect(),
+        };
+        if up {
+            // A child's subtree has at most len - 1 members; a child that already sent is
+            // replaced (a duplicate), and nothing is taken once this node sent up.
+            if r.sent_up
+                || !r.children.contains(&sums.from)
+                || sums.members == 0
+                || sums.members >= len
+            {
+                self.stats.ignored += 1;
+                return Ok(out);
+            }
+            r.from_children.insert(peer.to_owned(), agg());
+            if r.from_children.len() == r.children.len() {
+                self.send_up(n, &mut out);
+            }
+        } else {
+            if r.parent.as_ref() != Some(&sums.from) || sums.members > len {
+                self.stats.ignored += 1;
+                return Ok(out);
+            }
+            self.down(n, &agg(), &mut out);
+        }
+        Ok(out)
+    }
+}
+
+/// Demand, in 1/16ths of a unit per round: arrivals added, and a sixteenth (rounded up) of
+/// what was there taken off each round. A node whose checks come a few rounds apart keeps
+/// a weight between them, so it keeps a unit of room for its next check instead of giving
+/// it back every round.
+fn decay(demand: u64, arrivals: u64) -> u64 {
+    (demand - demand.div_ceil(16)).saturating_add(arrivals.saturating_mul(16))
+}
