@@ -63,8 +63,8 @@ struct SimArgs {
     /// Measure one scaling point, NODES,KEYS (as in the report's table), and print its row.
     #[arg(long, value_name = "NODES,KEYS", value_parser = scale_point, conflicts_with_all = ["seed", "seeds", "report"])]
     scale: Option<(usize, usize)>,
-    /// Run the aggregation tree (design §11) instead of the full mesh: with --scale, --seed
-    /// or --seeds (fixed windows; `split` across partitions).
+    /// Run the aggregation tree (design §11.1) instead of the full mesh: with --scale, --seed
+    /// or --seeds (fixed windows; `split` across partitions). The report has both.
     #[arg(long, conflicts_with_all = ["report", "on_partition"])]
     tree: bool,
 }

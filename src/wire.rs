@@ -96,6 +96,11 @@ pub struct TreeSums {
     /// member leave, or started): slots such a round could have granted room in are served
     /// from what is held.
     pub freeze: u64,
+    /// This message is part `part` (from 0) of `parts`: sums larger than a frame are split,
+    /// and count as received when every part is in.
+    pub part: u32,
+    /// How many parts the sums have (at least 1).
+    pub parts: u32,
     /// Per (rule, key, slot), in increasing order.
     pub entries: Vec<TreeEntry>,
 }
@@ -340,14 +345,17 @@ mod tests {
         (
             actor(),
             any::<[u64; 4]>(),
+            any::<(u32, u32)>(),
             proptest::collection::vec(entry, 0..6),
         )
-            .prop_map(|(from, v, entries)| TreeSums {
+            .prop_map(|(from, v, (part, parts), entries)| TreeSums {
                 from,
                 round: v[0],
                 view: v[1],
                 members: v[2],
                 freeze: v[3],
+                part,
+                parts,
                 entries,
             })
     }

@@ -2776,7 +2776,7 @@ fn delta_bytes((slot, dots): &crate::counter::Delta) -> usize {
 
 /// Splits `items` into runs of at most `limit` bytes by `size` (an item larger than the
 /// limit gets a run of its own). Always at least one run.
-fn split_by<T>(items: Vec<T>, limit: usize, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
+pub(crate) fn split_by<T>(items: Vec<T>, limit: usize, size: impl Fn(&T) -> usize) -> Vec<Vec<T>> {
     let mut parts = vec![Vec::new()];
     let mut bytes = 0;
     for item in items {

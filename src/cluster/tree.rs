@@ -22,14 +22,20 @@
 //!   is its round-`n` snapshot plus at most its round-`n` grant: the sum stays within
 //!   `C`.
 //! - A member leaving the view (crash, restart as a new generation, cut off) takes its
-//!   charge out of the sums. A node whose view loses a member, or that starts, therefore
-//!   grants nothing more in any slot up to the one after its next round's boundary: a
-//!   member could only have been granted room in slots up to that one. Those slots are
-//!   served from what each node holds; later slots start from zero charge everywhere.
+//!   charge out of the sums. A node whose view loses a member, or that starts, or that finds
+//!   three or more boundaries due at once (it was stopped, and members may have come and
+//!   gone unseen), therefore grants nothing more in any slot up to the one after its next
+//!   round's boundary: a member could only have been granted room in slots up to that one.
+//!   Those slots are served from what each node holds; later slots start from zero charge
+//!   everywhere. The highest freeze of every member is in a round's totals, and every node
+//!   takes it up before granting.
 //! - Across a partition, each side's view holds its own members and each allots the whole
 //!   limit in slots after its freeze: at most `sides × C` per slot, the bound of
 //!   `on_partition = "split"` (design §5). When the sides merge, the totals include both
 //!   sides' charges and nothing more is granted until the room is free again.
+//!
+//! The view's hash covers the rules (name, limit, period), so nodes configured differently
+//! never complete a round together. Sums larger than a frame go in parts.
 //!
 //! What the full mesh has that this does not (yet): sliding windows and buckets, starters
 //! (a key's first check at a node waits for a round's grant), `hold` across partitions,
@@ -39,7 +45,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::cluster::global::{Output, Reject};
+use crate::cluster::global::{MAX_PARTS, Output, PART_BYTES, Reject, split_by};
 use crate::counter::{Actor, StableHasher};
 use crate::limiter::{Algorithm, Limit, MILLISECOND, Nanos};
 use crate::wire::{Message, TreeEntry, TreeSums};
@@ -153,6 +159,9 @@ struct RoundBuf {
     own: BTreeMap<EntryKey, Sums>,
     /// Each child's subtree sums, by child node id.
     from_children: BTreeMap<String, Agg>,
+    /// Parts of a child's sums (by child node id), or of the totals, until all are in.
+    up_parts: BTreeMap<String, Vec<Option<TreeSums>>>,
+    down_parts: Vec<Option<TreeSums>>,
     sent_up: bool,
     done: bool,
 }
@@ -171,6 +180,11 @@ pub struct TreeStats {
     pub granted: u64,
     /// Units given back at boundaries (held above the target).
     pub released: u64,
+    /// Sums not sent: more than [`MAX_PARTS`] parts.
+    pub oversized: u64,
+    /// Ticks that found three or more boundaries due (the node was stopped): each froze the
+    /// open slots.
+    pub gaps: u64,
 }
 
 /// One node's side of the aggregation tree. See the module docs.
@@ -251,7 +265,7 @@ impl Tree {
     /// Whether `x` is a slot that a round up to `frozen_through` could have granted room
     /// in, for a limit of slots `len` long.
     fn frozen(&self, x: u64, len: Nanos) -> bool {
-        x <= (self.frozen_through + 1) * self.params.round / len
+        frozen(self.frozen_through, self.params.round, x, len)
     }
 
     /// The members the membership layer holds alive now (this node among them, or it takes
@@ -269,10 +283,18 @@ impl Tree {
             // in slots up to the one after that boundary.
             self.frozen_through = self.frozen_through.max(now / self.params.round + 1);
         }
+        // The rules are in the hash too: nodes whose limits differ (a rolling change of the
+        // config) never complete a round together, since each would scale the same totals
+        // against its own limit.
         let mut h = StableHasher::new();
         for m in &members {
             h.str(&m.node);
             h.u64(m.generation);
+        }
+        for (name, limit) in &self.rules {
+            h.str(name);
+            h.u64(limit.limit());
+            h.u64(limit.period());
         }
         self.view = h.finish();
         self.members = members;
@@ -330,6 +352,18 @@ impl Tree {
     /// Takes every boundary due by `now` and sends up what is past its deadline.
     pub fn tick(&mut self, now: Nanos) -> Vec<Output> {
         let mut out = Vec::new();
+        let current = now / self.params.round;
+        if current >= self.next_round + 2 {
+            // Three or more boundaries due at once: this node was stopped (paused) for
+            // rounds, long enough for members to have come and gone without its seeing it,
+            // and a view that looks unchanged may hide a member that held room since.
+            // Freeze as a start does, and take only the current boundary.
+            self.frozen_through = self.frozen_through.max(current + 1);
+            self.stats.gaps += 1;
+            self.rounds.clear();
+            self.early.clear();
+            self.next_round = current;
+        }
         while self.next_round * self.params.round <= now {
             let n = self.next_round;
             self.next_round += 1;
@@ -397,13 +431,18 @@ impl Tree {
                 };
                 let target =
                     (u128::from(room) * u128::from(share)).div_ceil(u128::from(total)) as u64;
-                if s.held > target {
+                // A frozen slot is served from what is held: nothing is asked for there, and
+                // nothing given back (nobody could be granted it).
+                let frozen = frozen(frozen_through, round, x, len);
+                if s.held > target && !frozen {
                     released += s.held - target;
                     s.held = target;
                 }
-                // A frozen slot is served from what is held: nothing is asked for there.
-                let frozen = x <= (frozen_through + 1) * round / len;
-                let raw = if frozen { 0 } else { target - s.held };
+                let raw = if frozen {
+                    0
+                } else {
+                    target.saturating_sub(s.held)
+                };
                 if s.admitted > 0 || s.held > 0 || k.demand > 0 {
                     own.insert(
                         (rule.clone(), key.clone(), x),
@@ -439,6 +478,8 @@ impl Tree {
                 children,
                 own,
                 from_children: BTreeMap::new(),
+                up_parts: BTreeMap::new(),
+                down_parts: Vec::new(),
                 sent_up: false,
                 done: false,
             },
@@ -471,35 +512,56 @@ impl Tree {
         }
         match r.parent.clone() {
             Some(parent) => {
-                let message = Message::TreeUp(self.encode(n, &sums));
-                out.push(Output::To(parent.node, message));
+                for part in self.encode(n, &sums) {
+                    out.push(Output::To(parent.node.clone(), Message::TreeUp(part)));
+                }
             }
             None => self.down(n, &sums, out),
         }
     }
 
-    fn encode(&self, n: u64, sums: &Agg) -> TreeSums {
-        TreeSums {
-            from: self.me.clone(),
-            round: n,
-            view: self.view,
-            members: sums.members,
-            freeze: sums.freeze,
-            entries: sums
-                .entries
-                .iter()
-                .map(|((rule, key, slot), s)| TreeEntry {
-                    rule: rule.clone(),
-                    key: key.clone(),
-                    slot: *slot,
-                    admitted: s.admitted,
-                    held: s.held,
-                    demand: s.demand,
-                    raw: s.raw,
-                    offset: s.offset,
-                })
-                .collect(),
+    /// `sums` as messages of at most [`PART_BYTES`] of entries each. None past
+    /// [`MAX_PARTS`]: the sums are not sent at all (leaving keys out would make the receiver
+    /// count their charge as zero), and the round is short.
+    fn encode(&mut self, n: u64, sums: &Agg) -> Vec<TreeSums> {
+        let entries: Vec<TreeEntry> = sums
+            .entries
+            .iter()
+            .map(|((rule, key, slot), s)| TreeEntry {
+                rule: rule.clone(),
+                key: key.clone(),
+                slot: *slot,
+                admitted: s.admitted,
+                held: s.held,
+                demand: s.demand,
+                raw: s.raw,
+                offset: s.offset,
+            })
+            .collect();
+        // Two length prefixes and six varints of at most 10 bytes each, above the strings.
+        let chunks = split_by(entries, PART_BYTES, |e| e.rule.len() + e.key.len() + 64);
+        let Ok(parts) = u32::try_from(chunks.len()) else {
+            self.stats.oversized += 1;
+            return Vec::new();
+        };
+        if parts > MAX_PARTS {
+            self.stats.oversized += 1;
+            return Vec::new();
         }
+        chunks
+            .into_iter()
+            .enumerate()
+            .map(|(part, entries)| TreeSums {
+                from: self.me.clone(),
+                round: n,
+                view: self.view,
+                members: sums.members,
+                freeze: sums.freeze,
+                part: part as u32,
+                parts,
+                entries,
+            })
+            .collect()
     }
 
     /// Round `n`'s totals reached this node: pass each child the keys its subtree
@@ -542,9 +604,10 @@ impl Tree {
             messages.push((child.node.clone(), part));
         }
         let own = std::mem::take(&mut r.own);
-        for (node, part) in messages {
-            let message = Message::TreeDown(self.encode(n, &part));
-            out.push(Output::To(node, message));
+        for (node, sums) in messages {
+            for part in self.encode(n, &sums) {
+                out.push(Output::To(node.clone(), Message::TreeDown(part)));
+            }
         }
         if !complete {
             self.stats.short_rounds += 1;
@@ -600,17 +663,39 @@ impl Tree {
         if sums.from.node != peer || peer == self.me.node {
             return Err(Reject::Impostor);
         }
-        if sums.round == self.next_round
-            && sums.view == self.view
-            && self.early.len() <= self.params.fanout
-        {
-            // Sent before this node's boundary (its clock is behind): kept for it.
+        if sums.parts == 0 || sums.parts > MAX_PARTS || sums.part >= sums.parts {
+            return Err(Reject::BadParts);
+        }
+        // A member freezes at most through the round after its current one.
+        if sums.freeze > sums.round.saturating_add(2) {
+            return Err(Reject::RoundOutOfRange);
+        }
+        if sums.round == self.next_round && sums.view == self.view {
+            // Sent before this node's boundary (its clock is behind): kept for it, a
+            // duplicate in place of the first copy.
+            let part = sums.part;
+            let same = |(from, m): &(String, Message)| {
+                *from == peer
+                    && match (m, up) {
+                        (Message::TreeUp(s), true) | (Message::TreeDown(s), false) => {
+                            s.part == part
+                        }
+                        _ => false,
+                    }
+            };
             let message = if up {
                 Message::TreeUp(sums)
             } else {
                 Message::TreeDown(sums)
             };
-            self.early.push((peer.to_owned(), message));
+            let found = self.early.iter().position(same);
+            match found {
+                Some(i) => self.early[i].1 = message,
+                None if self.early.len() < 2 * (self.params.fanout + 1) => {
+                    self.early.push((peer.to_owned(), message));
+                }
+                None => self.stats.ignored += 1,
+            }
             return Ok(Vec::new());
         }
         let mut out = Vec::new();
@@ -625,26 +710,6 @@ impl Tree {
             self.stats.ignored += 1;
             return Ok(out);
         };
-        let agg = || Agg {
-            members: sums.members,
-            freeze: sums.freeze,
-            entries: sums
-                .entries
-                .iter()
-                .map(|e| {
-                    (
-                        (e.rule.clone(), e.key.clone(), e.slot),
-                        Sums {
-                            admitted: e.admitted,
-                            held: e.held,
-                            demand: e.demand,
-                            raw: e.raw,
-                            offset: e.offset,
-                        },
-                    )
-                })
-                .collect(),
-        };
         if up {
             // A child's subtree has at most len - 1 members; a child that already sent is
             // replaced (a duplicate), and nothing is taken once this node sent up.
@@ -656,7 +721,10 @@ impl Tree {
                 self.stats.ignored += 1;
                 return Ok(out);
             }
-            r.from_children.insert(peer.to_owned(), agg());
+            let Some(agg) = gather(r.up_parts.entry(peer.to_owned()).or_default(), sums) else {
+                return Ok(out);
+            };
+            r.from_children.insert(peer.to_owned(), agg);
             if r.from_children.len() == r.children.len() {
                 self.send_up(n, &mut out);
             }
@@ -665,10 +733,59 @@ impl Tree {
                 self.stats.ignored += 1;
                 return Ok(out);
             }
-            self.down(n, &agg(), &mut out);
+            let Some(agg) = gather(&mut r.down_parts, sums) else {
+                return Ok(out);
+            };
+            self.down(n, &agg, &mut out);
         }
         Ok(out)
     }
+}
+
+/// Whether a round up to `through` (of `round` each) could grant room in slot `x` of a
+/// limit of slots `len` long: it grants in the slot of its boundary and of the next.
+/// Saturating, so a huge `through` freezes everything rather than wrapping to nothing.
+fn frozen(through: u64, round: Nanos, x: u64, len: Nanos) -> bool {
+    x <= through.saturating_add(1).saturating_mul(round) / len
+}
+
+/// Keeps `sums` among the parts of one message; once every part is in, their entries as one
+/// [`Agg`]. Parts that disagree on the part count, members or freeze are dropped, so the
+/// message never completes.
+fn gather(parts: &mut Vec<Option<TreeSums>>, sums: TreeSums) -> Option<Agg> {
+    let count = sums.parts as usize;
+    if parts.len() != count {
+        parts.clear();
+        parts.resize(count, None);
+    }
+    let first = parts.iter().flatten().next();
+    if first.is_some_and(|f| f.members != sums.members || f.freeze != sums.freeze) {
+        return None;
+    }
+    let part = sums.part as usize;
+    parts[part] = Some(sums);
+    if parts.iter().any(Option::is_none) {
+        return None;
+    }
+    let parts: Vec<TreeSums> = std::mem::take(parts).into_iter().flatten().collect();
+    let mut agg = Agg {
+        members: parts[0].members,
+        freeze: parts[0].freeze,
+        entries: BTreeMap::new(),
+    };
+    for e in parts.into_iter().flat_map(|p| p.entries) {
+        agg.entries.insert(
+            (e.rule, e.key, e.slot),
+            Sums {
+                admitted: e.admitted,
+                held: e.held,
+                demand: e.demand,
+                raw: e.raw,
+                offset: e.offset,
+            },
+        );
+    }
+    Some(agg)
 }
 
 /// Demand, in 1/16ths of a unit per round: arrivals added, and a sixteenth (rounded up) of

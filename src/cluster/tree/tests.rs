@@ -2,6 +2,7 @@
 
 use super::sim::{TreeSetup, TreeSim, run, scale};
 use super::*;
+use crate::cluster::sim::START;
 use crate::limiter::SECOND;
 
 const MS: Nanos = MILLISECOND;
@@ -29,17 +30,83 @@ fn fixed_seeds_keep_every_invariant() {
     assert!(failed.is_empty(), "{}", failed.join("\n"));
 }
 
-/// Seed 104 found this: a node paused before another restarted never had the restarted
-/// one in its view, so when both views lost it again its own view did not change and it
-/// did not freeze. The freeze in the totals (the highest of every member's) stops it.
+/// Units admitted of key `k` in slot `slot` (counted from the simulation's start).
+fn admitted_in(sim: &TreeSim, slot: u64) -> u64 {
+    sim.admitted
+        .get(&("w".to_owned(), "k".to_owned(), START / SECOND + slot))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Found in review: A pauses, so B's view becomes {B}; B pauses and A resumes, so A's view
+/// becomes {A}, and A admits the whole limit of the next slot alone; A pauses and B
+/// resumes. B's view is still {B}, unchanged, so no departure freezes it, and no totals
+/// carry A's charge. B froze anyway: it found several boundaries due at once.
 #[test]
-fn a_node_away_while_another_came_and_went_takes_the_others_freeze() {
-    let setup = TreeSetup::from_seed(104);
-    let outcome = run(&setup);
+fn a_node_back_from_a_pause_grants_nothing_where_others_may_hold_room() {
+    let mut sim = TreeSim::new(3, window(100), TreeParams::default(), 11);
+    sim.view_lag = (50 * MS, 50 * MS);
+    sim.advance(2 * SECOND);
+    sim.crash(2);
+    sim.advance(SECOND + 100 * MS); // +3.1 s: slot 3
+    sim.pause(0, true);
+    sim.advance(200 * MS);
+    sim.pause(1, true);
+    sim.pause(0, false);
+    sim.advance(800 * MS); // +4.1 s: slot 4, node 0 alone
+    for _ in 0..300 {
+        sim.advance(MS);
+        sim.check(0, "w", "k", 1);
+    }
+    let alone = admitted_in(&sim, 4);
+    assert!(alone >= 50, "node 0 admitted {alone} alone");
+    sim.pause(0, true);
+    sim.pause(1, false);
+    for _ in 0..500 {
+        sim.advance(MS);
+        sim.check(1, "w", "k", 1);
+    }
     assert!(
-        outcome.violations.is_empty(),
-        "{}",
-        outcome.describe(&setup)
+        admitted_in(&sim, 4) <= 100,
+        "{} in slot 4",
+        admitted_in(&sim, 4)
+    );
+    assert!(sim.node(1).expect("up").stats().gaps > 0);
+}
+
+/// Node 3 pauses after node 1's first incarnation left its view and before the second
+/// joined; the second admits in slot 3 and pauses; node 3 resumes to a view of the same
+/// members as before its pause. It must not grant itself slot 3's room, which the totals
+/// no longer show held: its gap freezes it, and so do the others' freezes in the totals.
+#[test]
+fn a_node_away_while_another_came_and_went_grants_nothing_where_it_held_room() {
+    let mut sim = TreeSim::new(4, window(100), TreeParams::default(), 13);
+    sim.view_lag = (50 * MS, 50 * MS);
+    sim.advance(2 * SECOND);
+    sim.crash(1);
+    sim.advance(100 * MS);
+    sim.pause(3, true);
+    sim.advance(100 * MS);
+    sim.restart(1);
+    sim.advance(800 * MS); // +3.0 s: slot 3
+    for _ in 0..400 {
+        sim.advance(MS);
+        sim.check(1, "w", "k", 1);
+    }
+    let before = admitted_in(&sim, 3);
+    assert!(before >= 50, "node 1 admitted {before}");
+    sim.pause(1, true);
+    sim.advance(100 * MS);
+    sim.pause(3, false);
+    for _ in 0..450 {
+        sim.advance(MS);
+        sim.check(3, "w", "k", 1);
+        sim.check(0, "w", "k", 1);
+    }
+    assert!(
+        admitted_in(&sim, 3) <= 100,
+        "{} in slot 3",
+        admitted_in(&sim, 3)
     );
 }
 
@@ -214,6 +281,8 @@ fn messages_from_the_wrong_place_change_nothing() {
         view,
         members,
         freeze: 0,
+        part: 0,
+        parts: 1,
         entries: vec![TreeEntry {
             rule: "w".to_owned(),
             key: "k".to_owned(),
@@ -257,4 +326,78 @@ fn messages_from_the_wrong_place_change_nothing() {
             .is_ok()
     );
     assert_eq!(t.stats().complete_rounds, before.complete_rounds + 1);
+    // Round 3: n0 is the root, its children n1 and n2. Sums from a stranger, or claiming
+    // the whole view, or with a freeze past the next round, are not taken.
+    let _ = t.tick(3 * round);
+    let round3 = |from: &Actor, members: u64| {
+        let mut s = sums(from, members, view);
+        s.round = 3;
+        s
+    };
+    let stranger = Actor::new("n9", 1);
+    let mut late_freeze = round3(&members[1], 1);
+    late_freeze.freeze = 6;
+    assert_eq!(
+        t.receive("n1", Message::TreeUp(late_freeze)),
+        Err(Reject::RoundOutOfRange)
+    );
+    let ignored = t.stats().ignored;
+    for (peer, message) in [
+        ("n9", Message::TreeUp(round3(&stranger, 1))),
+        ("n1", Message::TreeUp(round3(&members[1], 3))),
+    ] {
+        assert_eq!(t.receive(peer, message), Ok(Vec::new()));
+    }
+    assert_eq!(t.stats().ignored, ignored + 2);
+    // Both real children: the root completes the round and sends each its totals.
+    let out1 = t.receive("n1", Message::TreeUp(round3(&members[1], 1)));
+    assert_eq!(out1, Ok(Vec::new()), "waits for n2");
+    let out2 = t
+        .receive("n2", Message::TreeUp(round3(&members[2], 1)))
+        .expect("taken");
+    assert_eq!(out2.len(), 2, "{out2:?}");
+    assert_eq!(t.stats().complete_rounds, before.complete_rounds + 2);
+}
+
+/// Sums larger than a frame go in parts, and a round completes (and grants) only once every
+/// part is in; a part with a part number past its count is refused.
+#[test]
+fn sums_larger_than_a_frame_go_in_parts() {
+    let mut sim = TreeSim::new(2, window(1_000_000), TreeParams::default(), 9);
+    sim.advance(2 * SECOND);
+    // 12,000 keys of 80 bytes at node 0: over a megabyte of sums a round.
+    let keys: Vec<String> = (0..12_000).map(|i| format!("{i:080}")).collect();
+    for k in &keys {
+        sim.check(0, "w", k, 1);
+    }
+    let (sent, complete) = (
+        sim.messages_sent[0],
+        sim.node(0).expect("up").stats().complete_rounds,
+    );
+    // The boundary at +100 ms sends the sums; the round's totals are back a few ms later.
+    sim.advance(150 * MS);
+    let t = sim.node(0).expect("up");
+    assert!(
+        sim.messages_sent[0] - sent >= 3,
+        "{} messages",
+        sim.messages_sent[0] - sent
+    );
+    assert_eq!(t.stats().complete_rounds, complete + 2, "{:?}", t.stats());
+    assert_eq!(t.stats().oversized, 0);
+    // The grants came with the last part: every key is admitted now.
+    assert!(keys.iter().all(|k| sim.check(0, "w", k, 1)));
+
+    let me = Actor::new("n0", 1);
+    let mut t = Tree::new(me, window(10), TreeParams::default(), 0).expect("valid");
+    let bad = TreeSums {
+        from: Actor::new("n1", 1),
+        round: 1,
+        view: 0,
+        members: 1,
+        freeze: 0,
+        part: 2,
+        parts: 2,
+        entries: Vec::new(),
+    };
+    assert_eq!(t.receive("n1", Message::TreeUp(bad)), Err(Reject::BadParts));
 }
