@@ -57,6 +57,23 @@ pub struct Net {
     pub cut: HashSet<(usize, usize)>,
 }
 
+/// The simulations' one generator, xorshift64*: the next draw from `state`.
+pub(crate) fn xorshift(state: &mut u64) -> u64 {
+    *state ^= *state >> 12;
+    *state ^= *state << 25;
+    *state ^= *state >> 27;
+    state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+}
+
+/// A draw from `state` in `lo..hi` (`lo` if empty).
+pub(crate) fn between(state: &mut u64, lo: u64, hi: u64) -> u64 {
+    if hi <= lo {
+        lo
+    } else {
+        lo + xorshift(state) % (hi - lo)
+    }
+}
+
 /// A message in flight: (from, to, encoded frame).
 type InFlight = (usize, usize, Arc<Vec<u8>>);
 
@@ -197,19 +214,12 @@ impl Sim {
 
     /// A draw from the simulation's generator (xorshift64*).
     pub fn random(&mut self) -> u64 {
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        xorshift(&mut self.rng)
     }
 
     /// A draw in `lo..hi` (`lo` if empty).
     pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo {
-            lo
-        } else {
-            lo + self.random() % (hi - lo)
-        }
+        between(&mut self.rng, lo, hi)
     }
 
     /// Tells node `i` the members it knows of now (at once, whatever it heard).

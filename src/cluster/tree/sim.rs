@@ -117,19 +117,12 @@ impl TreeSim {
 
     /// A draw from the simulation's generator (xorshift64*).
     pub fn random(&mut self) -> u64 {
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        crate::cluster::sim::xorshift(&mut self.rng)
     }
 
     /// A draw in `lo..hi` (`lo` if empty).
     pub fn between(&mut self, lo: u64, hi: u64) -> u64 {
-        if hi <= lo {
-            lo
-        } else {
-            lo + self.random() % (hi - lo)
-        }
+        crate::cluster::sim::between(&mut self.rng, lo, hi)
     }
 
     /// Node `i`'s clock.
