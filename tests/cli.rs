@@ -271,6 +271,36 @@ fn help_flag_lists_the_subcommands_and_exits_0() {
     }
 }
 
+/// `gossamer sim --tree` replays a seed of the aggregation tree's simulation and measures a
+/// scaling point; the tree has no report of its own (the chaos report has its section).
+#[test]
+fn sim_tree_replays_a_seed_and_measures_a_point() {
+    let mut replay = gossamer();
+    replay.args(["sim", "--tree", "--seed", "3"]);
+    let out = run_bounded(replay, Duration::from_secs(120));
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.starts_with("seed 3: "), "{stdout}");
+    assert!(stdout.contains("faults stop"), "{stdout}");
+    assert!(
+        stdout.contains("tree: 1 seeds, 0 broke an invariant"),
+        "{stdout}"
+    );
+
+    let mut point = gossamer();
+    point.args(["sim", "--tree", "--scale", "4,3"]);
+    let out = run_bounded(point, Duration::from_secs(120));
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.lines().any(|l| l.starts_with("| 4 | 3 | ")),
+        "{stdout}"
+    );
+
+    let out = run(&["sim", "--tree", "--report", "/nonexistent/report.md"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
 #[test]
 fn unknown_subcommand_exits_2() {
     let out = run(&["frobnicate"]);
