@@ -6,9 +6,11 @@
 //! round, form a tree of fan-out `b`; at the round's boundary each node sends its parent the
 //! sums of its subtree per (rule, key, slot): units admitted, room held, demand, and the raw
 //! grant each member asks for. The root sends the totals back down, each child getting only
-//! the keys its subtree reported. A node then grants itself `⌊r · min(1, F / Σr)⌋` of the
-//! free room `F = C − admitted − held`, with `r` the raw grant it put into the sums, so the
-//! grants of a round sum to at most `F` when the totals include every member of the view.
+//! the keys its subtree reported, and its offset: the raw grants of the members before its
+//! subtree in pre-order. A node's raw grant `r` is then its own interval `[o, o + r)` of
+//! `[0, Σr)`, and it grants itself `r`, or `⌊(o + r)·F/Σr⌋ − ⌊o·F/Σr⌋` when `Σr` exceeds the
+//! free room `F = C − admitted − held`, so the grants of a round sum to at most `F` when the
+//! totals include every member of the view.
 //! A node sends one message up and at most `b` down per round, each sized by the keys active
 //! in its subtree, whatever the size of the cluster.
 //!
@@ -139,7 +141,7 @@ struct KeyState {
     slots: BTreeMap<u64, Slot>,
     /// Cost units asked for since the last boundary.
     arrivals: u64,
-    /// Smoothed arrivals per round.
+    /// Demand: arrivals per round in sixteenths of a unit, decaying ([`decay`]).
     demand: u64,
     /// The last complete round's totals: the view's demand, and per slot what was admitted.
     total_demand: u64,
