@@ -270,7 +270,6 @@ impl TreeSim {
                 self.seq += 1;
                 self.queue
                     .insert((self.now + delay, self.seq), (to, frame.clone()));
-                let _ = from;
             }
         }
     }
