@@ -249,11 +249,6 @@ impl Tree {
         Ok(tree)
     }
 
-    /// This node's incarnation.
-    pub fn me(&self) -> &Actor {
-        &self.me
-    }
-
     /// What the tree did so far.
     pub fn stats(&self) -> &TreeStats {
         &self.stats
@@ -323,14 +318,6 @@ impl Tree {
         } else {
             Some(false)
         }
-    }
-
-    /// Units this node admitted in `slot` of `key` (for the simulation's truth).
-    pub fn admitted(&self, rule: &str, key: &str, slot: u64) -> u64 {
-        self.keys
-            .get(&(rule.to_owned(), key.to_owned()))
-            .and_then(|k| k.slots.get(&slot))
-            .map_or(0, |s| s.admitted)
     }
 
     /// The admitted total of `key` in `slot` in the last complete round's totals this node

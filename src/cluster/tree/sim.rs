@@ -135,16 +135,6 @@ impl TreeSim {
         self.offsets[i] = offset;
     }
 
-    /// How many nodes there are (running or not).
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
-    /// Whether the simulation has no nodes.
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
-
     /// Whether node `i` is up and not paused.
     pub fn running(&self, i: usize) -> bool {
         self.nodes[i].is_some() && !self.paused[i]
@@ -211,16 +201,6 @@ impl TreeSim {
     pub fn partition(&mut self, sides: Vec<usize>) {
         self.side = sides;
         self.membership_changed();
-    }
-
-    /// How many sides the cluster is split into now (among nodes that are up).
-    pub fn sides(&self) -> usize {
-        (0..self.nodes.len())
-            .filter(|&i| self.nodes[i].is_some())
-            .map(|i| self.side[i])
-            .collect::<BTreeSet<_>>()
-            .len()
-            .max(1)
     }
 
     /// Checks `cost` units at node `i` (false if it is down or paused).
