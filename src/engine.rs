@@ -16,11 +16,13 @@
 //! rules cannot change without a restart.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex};
 
 use crate::clock::Clock;
+use crate::cluster::Exchange;
 use crate::cluster::global::{Global, GlobalError, Params};
+use crate::cluster::tree::{Tree, TreeError, TreeParams};
 use crate::config::{Rule, Scope};
 use crate::counter::Actor;
 use crate::limiter::{Decision, KeyState, Nanos, SECOND, Verdict};
@@ -73,8 +75,17 @@ pub struct RuleState {
     /// Checks by [`Outcome`], indexed as [`Outcome::ALL`]. Shared with the rule's next
     /// definition after a reload, so its metrics stay monotonic.
     outcomes: Arc<Striped<4>>,
-    /// In a cluster, a global rule's keys live in [`Global`] under this index.
-    global: Option<(Arc<Global>, usize)>,
+    /// In a cluster, where a global rule's keys live.
+    global: Option<Counted>,
+}
+
+/// Where the cluster counts a global rule's keys.
+#[derive(Debug)]
+enum Counted {
+    /// In [`Global`], under this index.
+    Mesh(Arc<Global>, usize),
+    /// In the [`Tree`], under the rule's name.
+    Tree(Arc<Mutex<Tree>>),
 }
 
 impl RuleState {
@@ -86,7 +97,8 @@ impl RuleState {
     /// Keys this rule tracks now.
     pub fn active_keys(&self) -> usize {
         match &self.global {
-            Some((g, i)) => g.rule_keys(*i),
+            Some(Counted::Mesh(g, i)) => g.rule_keys(*i),
+            Some(Counted::Tree(t)) => crate::cluster::lock(t).rule_keys(&self.rule.name),
             None => self.store.len(),
         }
     }
@@ -127,8 +139,8 @@ pub struct Engine {
     /// The key budget every rule's store draws on (carried into a reloaded engine).
     keys: Arc<AtomicUsize>,
     max_keys: usize,
-    /// In a cluster, the [`Global`] counting the global rules (built once, for the process).
-    global: Option<Arc<Global>>,
+    /// In a cluster, what counts the global rules (built once, for the process).
+    global: Option<Exchange>,
     /// Evictions counted by rules that earlier reloads removed or redefined, so the total
     /// stays monotonic.
     evicted_before: u64,
@@ -199,10 +211,45 @@ impl Engine {
             max_keys,
             clock,
             keys,
-            Some(global.clone()),
+            Some(Exchange::Mesh(global.clone())),
             &HashMap::default(),
         );
         Ok((engine, global))
+    }
+
+    /// An engine whose global rules are counted across the cluster by an aggregation [`Tree`]
+    /// acting as `me` (returned too, for the cluster task to drive): fixed windows of one
+    /// limit only. Local rules stay local. The tree holds at most `max_keys` keys of its own.
+    pub fn clustered_tree(
+        rules: Vec<Rule>,
+        max_keys: usize,
+        clock: Arc<dyn Clock>,
+        me: Actor,
+        params: TreeParams,
+    ) -> Result<(Engine, Arc<Mutex<Tree>>), TreeError> {
+        let mut global_rules = Vec::new();
+        for r in rules.iter().filter(|r| r.scope == Scope::Global) {
+            match &r.limits[..] {
+                [limit] => global_rules.push((r.name.clone(), *limit)),
+                _ => return Err(TreeError::Unsupported(r.name.clone())),
+            }
+        }
+        let params = TreeParams { max_keys, ..params };
+        let tree = Arc::new(Mutex::new(Tree::new(
+            me,
+            global_rules,
+            params,
+            clock.now(),
+        )?));
+        let engine = Engine::build(
+            rules,
+            max_keys,
+            clock,
+            Arc::new(AtomicUsize::new(0)),
+            Some(Exchange::Tree(tree.clone())),
+            &HashMap::default(),
+        );
+        Ok((engine, tree))
     }
 
     /// Builds the rules, taking each rule's state from `previous` when it holds one of the
@@ -212,7 +259,7 @@ impl Engine {
         max_keys: usize,
         clock: Arc<dyn Clock>,
         keys: Arc<AtomicUsize>,
-        global: Option<Arc<Global>>,
+        global: Option<Exchange>,
         previous: &HashMap<Box<str>, Arc<RuleState>, foldhash::fast::RandomState>,
     ) -> Engine {
         let order = rules.iter().map(|r| r.name.as_str().into()).collect();
@@ -223,10 +270,14 @@ impl Engine {
                 if let Some(old) = old.filter(|old| old.rule == rule) {
                     return (rule.name.as_str().into(), old.clone());
                 }
-                let global = global
-                    .as_ref()
-                    .filter(|_| rule.scope == Scope::Global)
-                    .and_then(|g| Some((g.clone(), g.rule_index(&rule.name)?)));
+                let global = match &global {
+                    _ if rule.scope != Scope::Global => None,
+                    None => None,
+                    Some(Exchange::Mesh(g)) => g
+                        .rule_index(&rule.name)
+                        .map(|i| Counted::Mesh(g.clone(), i)),
+                    Some(Exchange::Tree(t)) => Some(Counted::Tree(t.clone())),
+                };
                 let state = RuleState {
                     store: Store::new(keys.clone(), max_keys),
                     outcomes: old.map(|o| o.outcomes.clone()).unwrap_or_default(),
@@ -367,12 +418,16 @@ impl Engine {
     /// and its instant, docs/design.md §3.3.1): the wait until the instant, when the key gets
     /// its lease. `None` for every other decision.
     pub fn lease_pause(&self, checked: &Checked<'_>, cost: u64) -> Option<Nanos> {
-        let (global, _) = checked.rule.global.as_ref()?;
+        let longest = match checked.rule.global.as_ref()? {
+            Counted::Mesh(global, _) => global.params().settle + crate::limiter::MILLISECOND,
+            // A key new at this node gets its first room from the next round's grants.
+            Counted::Tree(tree) => crate::cluster::lock(tree).longest_grant_wait(),
+        };
         match checked.decision.verdict {
             Verdict::Deny { retry_after }
                 if checked.outcome == Outcome::Denied
                     && checked.decision.remaining >= cost
-                    && retry_after <= global.params().settle + crate::limiter::MILLISECOND =>
+                    && retry_after <= longest =>
             {
                 Some(retry_after)
             }
@@ -380,9 +435,14 @@ impl Engine {
         }
     }
 
-    /// Instants the cluster has processed (0 without a cluster): see [`Engine::lease_pause`].
+    /// Instants the cluster has processed (0 without a cluster; over the tree, complete
+    /// rounds applied): see [`Engine::lease_pause`].
     pub fn instants(&self) -> u64 {
-        self.global.as_ref().map_or(0, |global| global.instants())
+        match &self.global {
+            None => 0,
+            Some(Exchange::Mesh(global)) => global.instants(),
+            Some(Exchange::Tree(tree)) => crate::cluster::lock(tree).stats().complete_rounds,
+        }
     }
 
     /// [`Engine::check`] without counting the outcome.
@@ -398,7 +458,11 @@ impl Engine {
         let now = self.clock.now();
         let max_wait = max_wait.min(state.rule.max_wait);
         let result = match &state.global {
-            Some((global, index)) => global.check(*index, key, cost, max_wait, now),
+            Some(Counted::Mesh(global, index)) => global.check(*index, key, cost, max_wait, now),
+            Some(Counted::Tree(tree)) => crate::cluster::lock(tree)
+                .decide(&state.rule.name, key, cost, now)
+                .expect("the tree runs every global rule")
+                .map(|d| (0, d)),
             None => state.store.update(
                 key,
                 now,
@@ -444,7 +508,13 @@ impl Engine {
         let limits = &state.rule.limits[..];
         let now = self.clock.now();
         let (limit_index, decision) = match &state.global {
-            Some((global, index)) => global.status(*index, key, now),
+            Some(Counted::Mesh(global, index)) => global.status(*index, key, now),
+            Some(Counted::Tree(tree)) => (
+                0,
+                crate::cluster::lock(tree)
+                    .status(&state.rule.name, key, now)
+                    .expect("the tree runs every global rule"),
+            ),
             None => state.store.read(key, |s| match s {
                 Some(s) => s.status(limits, now),
                 None => KeyState::fresh(limits).status(limits, now),

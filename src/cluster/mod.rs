@@ -7,7 +7,7 @@
 //! - [`node`]: the shell that runs the round protocol over membership and QUIC.
 //! - [`sim`]: the round protocol on virtual time under seeded faults (`gossamer sim`).
 //! - [`tree`]: global fixed windows over an aggregation tree (design §11), with its own
-//!   simulation; not wired into the node yet.
+//!   simulation; a node runs it with `[cluster] exchange = "tree"`.
 
 #[doc(hidden)]
 pub mod fuzzing;
@@ -18,3 +18,21 @@ pub mod quic;
 pub mod sim;
 pub mod tls;
 pub mod tree;
+
+use std::sync::{Arc, Mutex};
+
+/// What counts a clustered node's global rules: the full mesh's rounds, or the aggregation
+/// tree (`[cluster] exchange`).
+#[derive(Clone, Debug)]
+pub enum Exchange {
+    /// Every node sends its frame to every other ([`global::Global`]).
+    Mesh(Arc<global::Global>),
+    /// Sums up and totals down a tree ([`tree::Tree`], `&mut self`: one lock around it).
+    Tree(Arc<Mutex<tree::Tree>>),
+}
+
+/// The tree, locked (a panic while it was held leaves it as it was: every method keeps its
+/// invariants between statements that could panic, and none are expected to).
+pub fn lock(tree: &Mutex<tree::Tree>) -> std::sync::MutexGuard<'_, tree::Tree> {
+    tree.lock().unwrap_or_else(|p| p.into_inner())
+}

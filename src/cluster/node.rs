@@ -1,13 +1,14 @@
-//! The cluster shell around [`Global`]: membership (chitchat over UDP), frames over QUIC, and
-//! the round clock. Everything it decides is decided by [`Global`]; this module only moves
-//! bytes and time:
+//! The cluster shell around the exchange ([`Global`], the full mesh, or the aggregation
+//! [`Tree`]): membership (chitchat over UDP), frames over QUIC, and the round clock.
+//! Everything it decides is decided by the exchange; this module only moves bytes and time:
 //!
-//! - a *round task* sleeps until [`Global::next_tick`], runs [`Global::tick`] and sends what
-//!   it returns;
+//! - a *round task* sleeps until [`Global::next_tick`] ([`Tree::next_tick`]), runs its
+//!   `tick` and sends what it returns;
 //! - an *inbound task* decodes each frame the transport delivers (already authenticated) and
-//!   hands it to [`Global::receive`];
-//! - a *membership task* turns chitchat's member list into [`Global::set_members`] and keeps
-//!   the QUIC address of every member.
+//!   hands it to [`Global::receive`] ([`Tree::receive`]);
+//! - a *membership task* turns chitchat's member list into [`Global::set_members`]
+//!   ([`Tree::set_members`]: the live members, this node among them) and keeps the QUIC
+//!   address of every member.
 //!
 //! All of it (chitchat, QUIC, these tasks, the rounds' blocking threads) runs on a runtime of
 //! its own, one worker thread whose priority `round_nice` lowers (a nice value, or
@@ -24,12 +25,15 @@ use bytes::Bytes;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
+use super::Exchange;
 use super::global::{Global, MemberInfo, Output, Reject};
 use super::membership::{Member, Membership, MembershipConfig, MetaPublisher, NodeMeta};
 use super::quic::{Inbound, QuicTransport};
 use super::tls::Security;
+use super::tree::Tree;
 use crate::clock::Clock;
 use crate::config::{Config, RoundNice};
+use crate::counter::Actor;
 use crate::limiter::Nanos;
 use crate::wire;
 
@@ -97,7 +101,7 @@ struct Counts {
 /// A running cluster node.
 #[derive(Debug)]
 pub struct Cluster {
-    global: Arc<Global>,
+    exchange: Exchange,
     /// Taken on shutdown (leaving consumes it).
     membership: Mutex<Option<Membership>>,
     /// A snapshot of the members, refreshed by the membership task (for `/v1/cluster`).
@@ -112,11 +116,12 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Starts membership, the QUIC transport and the round task for `global`, on a runtime
-    /// of their own.
+    /// Starts membership, the QUIC transport and the round task for `exchange`, acting as
+    /// `me`, on a runtime of their own.
     pub async fn start(
         config: &Config,
-        global: Arc<Global>,
+        exchange: Exchange,
+        me: Actor,
         clock: Arc<dyn Clock>,
         rules_hash: String,
     ) -> Result<Cluster, ClusterError> {
@@ -124,7 +129,13 @@ impl Cluster {
             ClusterRuntime::start(config.cluster.round_nice).map_err(ClusterError::Runtime)?;
         let started = runtime
             .handle()
-            .spawn(Self::start_here(config.clone(), global, clock, rules_hash))
+            .spawn(Self::start_here(
+                config.clone(),
+                exchange,
+                me,
+                clock,
+                rules_hash,
+            ))
             .await;
         match started {
             Ok(Ok(parts)) => Ok(parts.into_cluster(runtime)),
@@ -136,7 +147,8 @@ impl Cluster {
     /// [`Cluster::start`] on the current runtime.
     async fn start_here(
         config: Config,
-        global: Arc<Global>,
+        exchange: Exchange,
+        me: Actor,
         clock: Arc<dyn Clock>,
         rules_hash: String,
     ) -> Result<Parts, ClusterError> {
@@ -145,7 +157,7 @@ impl Cluster {
             unreachable!("a cluster starts only with a gossip address")
         };
         let quic = c.quic_addr().unwrap_or(gossip);
-        let node_id = global.me().node.clone();
+        let node_id = me.node.clone();
         let security = match &c.tls {
             Some(files) => Security::Mutual {
                 ca: files.ca.clone(),
@@ -170,7 +182,7 @@ impl Cluster {
         let membership = Membership::start(
             MembershipConfig {
                 node_id: node_id.clone(),
-                generation: global.me().generation,
+                generation: me.generation,
                 listen: gossip,
                 advertise,
                 seeds: c.seeds.clone(),
@@ -190,7 +202,9 @@ impl Cluster {
         info!(%gossip, quic = %transport.local_addr(), %advertise, seeds = ?c.seeds, secure = transport.secure(), "cluster started");
         let own = [gossip.to_string(), advertise.to_string()];
         let expects_peers = c.seeds.iter().any(|s| !own.contains(s));
-        global.set_joined(!expects_peers);
+        if let Exchange::Mesh(global) = &exchange {
+            global.set_joined(!expects_peers);
+        }
         let addrs = Arc::new(Mutex::new(HashMap::new()));
         let counts = Arc::new(Mutex::new(Counts::default()));
         let sender = Sender {
@@ -200,29 +214,48 @@ impl Cluster {
             authenticated: Arc::new(Mutex::new(HashSet::new())),
             newly_authenticated: Arc::new(tokio::sync::Notify::new()),
         };
-        let tasks = vec![
-            tokio::spawn(rounds(
-                global.clone(),
-                clock.clone(),
-                sender.clone(),
-                c.round_nice,
-            )),
+        let mut tasks = vec![
             tokio::spawn(receive(
-                global.clone(),
+                exchange.clone(),
+                me.clone(),
                 clock.clone(),
                 inbound,
                 sender.clone(),
             )),
-            tokio::spawn(members(global.clone(), clock, membership.watch(), sender)),
-            tokio::spawn(join(
-                global.clone(),
-                expects_peers,
-                c.ready_timeout,
-                c.gossip_interval,
+            tokio::spawn(members(
+                exchange.clone(),
+                me,
+                clock.clone(),
+                membership.watch(),
+                sender.clone(),
             )),
         ];
+        match &exchange {
+            Exchange::Mesh(global) => {
+                tasks.push(tokio::spawn(rounds(
+                    global.clone(),
+                    clock,
+                    sender,
+                    c.round_nice,
+                )));
+                tasks.push(tokio::spawn(join(
+                    global.clone(),
+                    expects_peers,
+                    c.ready_timeout,
+                    c.gossip_interval,
+                )));
+            }
+            Exchange::Tree(tree) => {
+                tasks.push(tokio::spawn(tree_rounds(
+                    tree.clone(),
+                    clock,
+                    sender,
+                    c.round_nice,
+                )));
+            }
+        }
         Ok(Parts {
-            global,
+            exchange,
             membership,
             transport,
             addrs,
@@ -239,8 +272,14 @@ impl Cluster {
     /// Whether `/readyz` may say 200 (and global rules take leases): the node has found a
     /// peer and pulled the counts of every live one; or it was given no seed but itself; or
     /// the ready timeout passed (then it serves with what it has, and logs a warning).
+    ///
+    /// Over the tree: once a round's totals included every member of this node's view (a
+    /// node alone in its view completes its own rounds).
     pub fn ready(&self) -> bool {
-        self.global.joined()
+        match &self.exchange {
+            Exchange::Mesh(global) => global.joined(),
+            Exchange::Tree(tree) => super::lock(tree).stats().complete_rounds > 0,
+        }
     }
 
     /// Whether peers authenticate each other (mutual TLS).
@@ -257,14 +296,23 @@ impl Cluster {
     }
 
     /// Peers the round protocol suspects (frames missing).
+    /// (None over the tree: a member missing a deadline makes its round short, and
+    /// membership alone takes it out of the view.)
     pub fn suspected(&self) -> Vec<String> {
-        self.global.suspected()
+        match &self.exchange {
+            Exchange::Mesh(global) => global.suspected(),
+            Exchange::Tree(_) => Vec::new(),
+        }
     }
 
     /// Each peer's estimated clock offset from this node's, in ns (see
     /// [`Global::clock_offsets`]).
+    /// (None over the tree, which does not estimate them.)
     pub fn clock_offsets(&self) -> Vec<(String, i64)> {
-        self.global.clock_offsets()
+        match &self.exchange {
+            Exchange::Mesh(global) => global.clock_offsets(),
+            Exchange::Tree(_) => Vec::new(),
+        }
     }
 
     /// Peers whose rules differ from ours.
@@ -279,7 +327,6 @@ impl Cluster {
 
     /// Prometheus text for the cluster's counters.
     pub fn render_metrics(&self, out: &mut String) {
-        let stats = self.global.stats();
         let t = self.transport.stats();
         let counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
         let members = self.members();
@@ -294,62 +341,17 @@ impl Cluster {
                 ("state=\"dead\"", members.len() as u64 - alive),
             ],
         );
-        let (held, participants) = self.global.held_members();
-        family(
-            out,
-            "gossamer_cluster_suspected_peers",
-            "gauge",
-            "Participants this node has missed frames from (design.md §5): under `hold`, and \
-             under `split` until membership declares them dead, their share stays set aside.",
-            &[("", held as u64)],
-        );
-        family(
-            out,
-            "gossamer_cluster_held_share",
-            "gauge",
-            "Fraction of every global limit set aside for participants this node cannot \
-             reach: each is charged an even share of a window opened since it went away (its \
-             last allotment in the window open then) and keeps its last bucket share. Under \
-             `hold` after a node died this stays until dead_node_grace passes (design.md §5).",
-            &[(
-                "",
-                format!("{:.6}", held as f64 / participants.max(1) as f64),
-            )],
-        );
-        family(
-            out,
-            "gossamer_cluster_rounds_total",
-            "counter",
-            "Round instants, by whether this node could lease.",
-            &[
-                ("state=\"consistent\"", stats.consistent_rounds),
-                ("state=\"degraded\"", stats.degraded_rounds),
-            ],
-        );
-        family(
-            out,
-            "gossamer_cluster_retired_ghosts_total",
-            "counter",
-            "Keys charged the ghost of a restarted peer's previous incarnation (its \
-             possible admissions after its last frame, counted so they are not handed out again).",
-            &[("", stats.retired_ghosts)],
-        );
-        family(
-            out,
-            "gossamer_cluster_key_visits_total",
-            "counter",
-            "Keys visited by round boundaries and instants: those with activity since they were \
-             last found dormant, and every key at a full boundary or a view change.",
-            &[("", stats.key_visits)],
-        );
-        family(
-            out,
-            "gossamer_cluster_final_leaves_total",
-            "counter",
-            "Peers that left gracefully after this node had their final frame: their counts \
-             were complete, so no retirement was charged.",
-            &[("", stats.final_leaves)],
-        );
+        let (reports_dropped, own_dots_refused) = match &self.exchange {
+            Exchange::Mesh(global) => {
+                mesh_metrics(global, out);
+                let stats = global.stats();
+                (stats.reports_dropped, stats.own_dots_refused)
+            }
+            Exchange::Tree(tree) => {
+                tree_metrics(&super::lock(tree), out);
+                (0, 0)
+            }
+        };
         let rejected = |reason: &str| counts.rejected.get(reason).copied().unwrap_or(0);
         let reasons = [
             Reject::Impostor,
@@ -364,8 +366,8 @@ impl Cluster {
             .map(|r| (r.name(), rejected(r.name())))
             .chain([
                 ("malformed", rejected("malformed")),
-                ("bad_report", stats.reports_dropped),
-                ("own_actor", stats.own_dots_refused),
+                ("bad_report", reports_dropped),
+                ("own_actor", own_dots_refused),
             ])
             .map(|(reason, n)| (format!("reason=\"{reason}\""), n))
             .collect();
@@ -375,14 +377,6 @@ impl Cluster {
             "counter",
             "Frames or reports from peers dropped, by reason.",
             &labels,
-        );
-        family(
-            out,
-            "gossamer_cluster_dots_dropped_total",
-            "counter",
-            "Peer counts ignored, by reason: slot_out_of_range is a slot more than one ahead \
-             of this node's clock or older than the lookback (clock skew, design.md §4).",
-            &[("reason=\"slot_out_of_range\"", stats.dots_out_of_range)],
         );
         family(
             out,
@@ -407,24 +401,6 @@ impl Cluster {
         );
         family(
             out,
-            "gossamer_cluster_peer_clock_offset_seconds",
-            "gauge",
-            "Each peer's clock less this node's, estimated from when its round frames arrive \
-             (design.md §4; understates a peer ahead by the least one-way delay).",
-            &per_peer(self.global.clock_offsets(), |offset| {
-                format!("{:.6}", offset as f64 / 1e9)
-            }),
-        );
-        family(
-            out,
-            "gossamer_cluster_peer_dots_out_of_range_total",
-            "counter",
-            "Counts from each peer ignored because their slot was out of this node's range (a \
-             clock off by about a window, design.md §4); peers with none are not listed.",
-            &per_peer(self.global.out_of_range(), |n| n),
-        );
-        family(
-            out,
             "gossamer_cluster_transport",
             "counter",
             "Transport counters.",
@@ -445,22 +421,13 @@ impl Cluster {
     /// HTTP drain): it waits for the next round's frame to go out, so every admission is
     /// published, then leaves. (Leaving first and draining after would admit against a
     /// lease no round publishes: counts lost, seen in `tests/chaos.rs`.)
+    ///
+    /// Over the tree there is nothing to publish: a member's admissions are in every round's
+    /// sums, and the members left freeze the slots it may hold room in when it leaves.
     pub async fn shutdown(&self) {
-        let wanted = self.global.next_publication();
-        let round = Duration::from_nanos(self.global.params().round);
-        let published = async {
-            while !self.global.has_published(wanted) {
-                tokio::time::sleep(round / 10).await;
-            }
-        };
-        // Peers that applied frame `wanted` know every count of this node and charge it no
-        // retirement; the others charge it (design §5).
-        let published_through = match tokio::time::timeout(round * 3, published).await {
-            Ok(()) => Some(wanted),
-            Err(_) => {
-                debug!("no round ran before leaving: the last admissions may be unpublished");
-                None
-            }
+        let published_through = match &self.exchange {
+            Exchange::Mesh(global) => Self::publish_last(global).await,
+            Exchange::Tree(_) => None,
         };
         for t in &self.tasks {
             t.abort();
@@ -478,11 +445,177 @@ impl Cluster {
         self.transport.clone().shutdown().await;
         self.addrs.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
+
+    /// Waits (up to three rounds) for the next round's frame to go out: the round whose
+    /// frame holds every admission, if it went.
+    async fn publish_last(global: &Global) -> Option<u64> {
+        let wanted = global.next_publication();
+        let round = Duration::from_nanos(global.params().round);
+        let published = async {
+            while !global.has_published(wanted) {
+                tokio::time::sleep(round / 10).await;
+            }
+        };
+        // Peers that applied frame `wanted` know every count of this node and charge it no
+        // retirement; the others charge it (design §5).
+        match tokio::time::timeout(round * 3, published).await {
+            Ok(()) => Some(wanted),
+            Err(_) => {
+                debug!("no round ran before leaving: the last admissions may be unpublished");
+                None
+            }
+        }
+    }
+}
+
+/// The full mesh's metrics.
+fn mesh_metrics(global: &Global, out: &mut String) {
+    let stats = global.stats();
+    let (held, participants) = global.held_members();
+    family(
+        out,
+        "gossamer_cluster_suspected_peers",
+        "gauge",
+        "Participants this node has missed frames from (design.md §5): under `hold`, and \
+         under `split` until membership declares them dead, their share stays set aside.",
+        &[("", held as u64)],
+    );
+    family(
+        out,
+        "gossamer_cluster_held_share",
+        "gauge",
+        "Fraction of every global limit set aside for participants this node cannot \
+         reach: each is charged an even share of a window opened since it went away (its \
+         last allotment in the window open then) and keeps its last bucket share. Under \
+         `hold` after a node died this stays until dead_node_grace passes (design.md §5).",
+        &[(
+            "",
+            format!("{:.6}", held as f64 / participants.max(1) as f64),
+        )],
+    );
+    family(
+        out,
+        "gossamer_cluster_rounds_total",
+        "counter",
+        "Round instants, by whether this node could lease.",
+        &[
+            ("state=\"consistent\"", stats.consistent_rounds),
+            ("state=\"degraded\"", stats.degraded_rounds),
+        ],
+    );
+    family(
+        out,
+        "gossamer_cluster_retired_ghosts_total",
+        "counter",
+        "Keys charged the ghost of a restarted peer's previous incarnation (its \
+         possible admissions after its last frame, counted so they are not handed out again).",
+        &[("", stats.retired_ghosts)],
+    );
+    family(
+        out,
+        "gossamer_cluster_key_visits_total",
+        "counter",
+        "Keys visited by round boundaries and instants: those with activity since they were \
+         last found dormant, and every key at a full boundary or a view change.",
+        &[("", stats.key_visits)],
+    );
+    family(
+        out,
+        "gossamer_cluster_final_leaves_total",
+        "counter",
+        "Peers that left gracefully after this node had their final frame: their counts \
+         were complete, so no retirement was charged.",
+        &[("", stats.final_leaves)],
+    );
+    family(
+        out,
+        "gossamer_cluster_dots_dropped_total",
+        "counter",
+        "Peer counts ignored, by reason: slot_out_of_range is a slot more than one ahead \
+         of this node's clock or older than the lookback (clock skew, design.md §4).",
+        &[("reason=\"slot_out_of_range\"", stats.dots_out_of_range)],
+    );
+    family(
+        out,
+        "gossamer_cluster_peer_clock_offset_seconds",
+        "gauge",
+        "Each peer's clock less this node's, estimated from when its round frames arrive \
+         (design.md §4; understates a peer ahead by the least one-way delay).",
+        &per_peer(global.clock_offsets(), |offset| {
+            format!("{:.6}", offset as f64 / 1e9)
+        }),
+    );
+    family(
+        out,
+        "gossamer_cluster_peer_dots_out_of_range_total",
+        "counter",
+        "Counts from each peer ignored because their slot was out of this node's range (a \
+         clock off by about a window, design.md §4); peers with none are not listed.",
+        &per_peer(global.out_of_range(), |n| n),
+    );
+}
+
+/// The aggregation tree's metrics.
+fn tree_metrics(tree: &Tree, out: &mut String) {
+    let stats = tree.stats();
+    family(
+        out,
+        "gossamer_cluster_tree_members",
+        "gauge",
+        "Members of this node's view (this node included): a round's totals must include \
+         every one of them for it to grant.",
+        &[("", tree.members().len() as u64)],
+    );
+    family(
+        out,
+        "gossamer_cluster_tree_rounds_total",
+        "counter",
+        "Rounds whose totals reached this node, by whether they included every member of its \
+         view (complete: it granted) or not (short: a subtree missed its deadline).",
+        &[
+            ("state=\"complete\"", stats.complete_rounds),
+            ("state=\"short\"", stats.short_rounds),
+        ],
+    );
+    family(
+        out,
+        "gossamer_cluster_tree_units_total",
+        "counter",
+        "Units of room granted to this node by complete rounds, and given back at boundaries \
+         (held above its target).",
+        &[
+            ("what=\"granted\"", stats.granted),
+            ("what=\"released\"", stats.released),
+        ],
+    );
+    family(
+        out,
+        "gossamer_cluster_tree_messages_ignored_total",
+        "counter",
+        "Tree messages for a round this node was not in, or from a node that is not its \
+         parent or child in it (late, another view).",
+        &[("", stats.ignored)],
+    );
+    family(
+        out,
+        "gossamer_cluster_tree_gaps_total",
+        "counter",
+        "Ticks that found three or more boundaries due at once (the node was stopped): each \
+         froze the open slots.",
+        &[("", stats.gaps)],
+    );
+    family(
+        out,
+        "gossamer_cluster_tree_sums_too_large_total",
+        "counter",
+        "Rounds whose sums needed more than 64 parts, not sent (the round is short).",
+        &[("", stats.oversized)],
+    );
 }
 
 /// A started cluster, before it holds its runtime.
 struct Parts {
-    global: Arc<Global>,
+    exchange: Exchange,
     membership: Membership,
     transport: QuicTransport,
     addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
@@ -493,7 +626,7 @@ struct Parts {
 impl Parts {
     fn into_cluster(self, runtime: ClusterRuntime) -> Cluster {
         Cluster {
-            global: self.global,
+            exchange: self.exchange,
             view: self.membership.watch(),
             meta: self.membership.meta_publisher(),
             membership: Mutex::new(Some(self.membership)),
@@ -657,6 +790,46 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender, nice
     }
 }
 
+/// The tree's round task: sleep until [`Tree::next_tick`] (a boundary, or a deadline to send
+/// up without a late child), then tick on a blocking thread and send.
+async fn tree_rounds(
+    tree: Arc<Mutex<Tree>>,
+    clock: Arc<dyn Clock>,
+    sender: Sender,
+    nice: RoundNice,
+) {
+    let mut nice_failed = false;
+    loop {
+        let now = clock.now();
+        let next = super::lock(&tree).next_tick();
+        if next > now {
+            clock.sleep(next - now).await;
+        }
+        let t = tree.clone();
+        let now = clock.now();
+        let started = std::time::Instant::now();
+        // A boundary visits every key the node tracks: keep it off the async worker.
+        let round = move || {
+            let lowered = lower_priority(nice);
+            (super::lock(&t).tick(now), lowered)
+        };
+        match tokio::task::spawn_blocking(round).await {
+            Ok((out, lowered)) => {
+                sender.send(out);
+                if let Err(e) = lowered
+                    && !std::mem::replace(&mut nice_failed, true)
+                {
+                    warn!(error = %e, %nice, "cannot lower the cluster's CPU priority; it competes with checks as an equal");
+                }
+            }
+            Err(e) => warn!(error = %e, "round failed"),
+        }
+        let mut counts = sender.counts.lock().unwrap_or_else(|p| p.into_inner());
+        counts.ticks += 1;
+        counts.tick_seconds += started.elapsed().as_secs_f64();
+    }
+}
+
 /// Lowers the calling thread's CPU priority as `round_nice` says (a nice value that much
 /// above the main thread's), once per thread (on Linux a thread has its own), so that on a
 /// core checks and the cluster share the scheduler runs a waiting check first. Every thread
@@ -766,7 +939,8 @@ impl SkewWarnings {
 }
 
 async fn receive(
-    global: Arc<Global>,
+    exchange: Exchange,
+    me: Actor,
     clock: Arc<dyn Clock>,
     mut inbound: tokio::sync::mpsc::Receiver<Inbound>,
     sender: Sender,
@@ -780,6 +954,12 @@ async fn receive(
         if first {
             debug!(%peer, "peer authenticated");
             sender.newly_authenticated.notify_one();
+            // Over the tree a node sends only to its parent and children: a peer heard from
+            // for the first time is greeted back, so it authenticates this node too (the
+            // full mesh sends every peer its frames anyway).
+            if let Exchange::Tree(_) = &exchange {
+                sender.send(vec![hello(&me, &peer)]);
+            }
         }
         let reject = |reason: &'static str| {
             *sender
@@ -798,7 +978,11 @@ async fn receive(
                 continue;
             }
         };
-        match global.receive(&peer, message, clock.now()) {
+        let received = match &exchange {
+            Exchange::Mesh(global) => global.receive(&peer, message, clock.now()),
+            Exchange::Tree(tree) => super::lock(tree).receive(&peer, message),
+        };
+        match received {
             Ok(out) => sender.send(out),
             Err(r) => {
                 debug!(%peer, reason = r.name(), "dropped a frame");
@@ -809,15 +993,19 @@ async fn receive(
 }
 
 async fn members(
-    global: Arc<Global>,
+    exchange: Exchange,
+    me: Actor,
     clock: Arc<dyn Clock>,
     mut watch: tokio::sync::watch::Receiver<Vec<Member>>,
     sender: Sender,
 ) {
     let mut generations: HashMap<String, u64> = HashMap::new();
+    // Over the tree, the members greeted (node id, generation): see `receive`.
+    let mut greeted: HashSet<(String, u64)> = HashSet::new();
     loop {
         let list = watch.borrow_and_update().clone();
         let mut infos = Vec::new();
+        let mut greetings = Vec::new();
         {
             let mut addrs = sender.addrs.lock().unwrap_or_else(|p| p.into_inner());
             addrs.clear();
@@ -839,6 +1027,11 @@ async fn members(
                 {
                     sender.transport.forget(&m.node_id);
                 }
+                if let Exchange::Tree(_) = &exchange
+                    && greeted.insert((m.node_id.clone(), m.generation))
+                {
+                    greetings.push(hello(&me, &m.node_id));
+                }
                 // Frames go to every gossip member (that is how a peer gets the chance to
                 // authenticate), but only authenticated ones take part in the rounds.
                 let authenticated = sender
@@ -856,8 +1049,20 @@ async fn members(
                 }
             }
         }
-        let out = global.set_members(&infos, clock.now());
-        sender.send(out);
+        sender.send(greetings);
+        match &exchange {
+            Exchange::Mesh(global) => sender.send(global.set_members(&infos, clock.now())),
+            Exchange::Tree(tree) => {
+                // The view: this node and the live members that have not left.
+                let view: Vec<Actor> = infos
+                    .into_iter()
+                    .filter(|m| m.alive && !m.left)
+                    .map(|m| m.actor)
+                    .chain([me.clone()])
+                    .collect();
+                super::lock(tree).set_members(&view, clock.now());
+            }
+        }
         tokio::select! {
             changed = watch.changed() => if changed.is_err() {
                 return;
@@ -867,10 +1072,28 @@ async fn members(
     }
 }
 
+/// A greeting from `me` to `peer`, so that `peer` authenticates this node.
+fn hello(me: &Actor, peer: &str) -> Output {
+    Output::To(
+        peer.to_owned(),
+        wire::Message::Hello {
+            from: me.clone(),
+            rules_hash: 0,
+        },
+    )
+}
+
 /// A hash of the global rules as configured, so peers with different rules are reported.
+///
+/// Over the tree the exchange is in it too: a mesh node and a tree node cannot count
+/// together (each refuses the other's messages), and `/v1/cluster` names the peers that
+/// differ.
 pub fn rules_hash(config: &Config) -> String {
     let mut h = crate::counter::StableHasher::new();
     h.str(&format!("{:?}", config.rules));
+    if config.cluster.exchange != crate::config::ExchangeMode::Mesh {
+        h.str(config.cluster.exchange.name());
+    }
     format!("{:016x}", h.finish())
 }
 

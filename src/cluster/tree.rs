@@ -49,7 +49,8 @@ use std::collections::BTreeMap;
 
 use crate::cluster::global::{MAX_PARTS, Output, PART_BYTES, Reject, split_by};
 use crate::counter::{Actor, StableHasher};
-use crate::limiter::{Algorithm, Limit, MILLISECOND, Nanos};
+use crate::limiter::{Algorithm, Decision, Limit, MILLISECOND, Nanos, Verdict};
+use crate::store::Full;
 use crate::wire::{Message, TreeEntry, TreeSums};
 
 pub mod sim;
@@ -70,6 +71,9 @@ pub struct TreeParams {
     pub fanout: usize,
     /// How long a node waits for its children, per level of its subtree, after its boundary.
     pub hop: Nanos,
+    /// Keys this node tracks at most, across rules: a new key past it is refused
+    /// ([`Full`]), as the store's `max_keys` refuses one.
+    pub max_keys: usize,
 }
 
 impl Default for TreeParams {
@@ -78,6 +82,7 @@ impl Default for TreeParams {
             round: crate::cluster::global::DEFAULT_ROUND,
             fanout: DEFAULT_FANOUT,
             hop: DEFAULT_HOP,
+            max_keys: usize::MAX,
         }
     }
 }
@@ -133,6 +138,9 @@ struct Slot {
     admitted: u64,
     /// Leased and not yet spent.
     held: u64,
+    /// `admitted` at the last boundary (what the sums reported): admissions since are this
+    /// node's own news, added to the last totals for `remaining`.
+    reported: u64,
 }
 
 /// One key at this node.
@@ -303,21 +311,104 @@ impl Tree {
     /// Checks `cost` units of `key` under `rule` at `now`: admitted from the room this node
     /// holds in the current slot, or denied. `None`: no such rule.
     pub fn check(&mut self, rule: &str, key: &str, cost: u64, now: Nanos) -> Option<bool> {
+        Some(
+            self.decide(rule, key, cost, now)?
+                .is_ok_and(|d| d.allowed()),
+        )
+    }
+
+    /// [`check`](Tree::check) with the whole answer, charged if admitted: admitted from the
+    /// room this node holds in the current slot; `Never` for a cost above the limit. The
+    /// `remaining` it reports is the limit less the last totals this node received for the
+    /// slot and its own admissions since its last boundary (an estimate: other members'
+    /// admissions since are not known here). A denial with room left is retried after the
+    /// next round's grant ([`Tree::grant_wait`]); one without, at the slot's end.
+    /// `Err(Full)`: a new key, with [`TreeParams::max_keys`] tracked already.
+    pub fn decide(
+        &mut self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> Option<Result<Decision, Full>> {
+        let limit = *self.rules.get(rule)?;
+        let id = (rule.to_owned(), key.to_owned());
+        if !self.keys.contains_key(&id) && self.keys.len() >= self.params.max_keys {
+            return Some(Err(Full));
+        }
+        let grant_wait = self.grant_wait(now);
+        let k = self.keys.entry(id).or_default();
+        let slot = now / limit.period();
+        let s = k.slots.entry(slot).or_default();
+        let mut decision = decision(&limit, k.admitted_in.get(&slot).copied(), s, cost, now);
+        match decision.verdict {
+            Verdict::Never => {}
+            Verdict::Admit { .. } => {
+                s.held -= cost;
+                s.admitted += cost;
+                k.arrivals = k.arrivals.saturating_add(cost);
+            }
+            Verdict::Deny {
+                ref mut retry_after,
+            } => {
+                if decision.remaining >= cost {
+                    *retry_after = grant_wait.min(*retry_after);
+                }
+                k.arrivals = k.arrivals.saturating_add(cost);
+            }
+        }
+        Some(Ok(decision))
+    }
+
+    /// What a check of cost 1 of `key` would get at `now`, charging and storing nothing.
+    /// `None`: no such rule.
+    pub fn status(&self, rule: &str, key: &str, now: Nanos) -> Option<Decision> {
         let limit = self.rules.get(rule)?;
         let slot = now / limit.period();
-        let k = self
-            .keys
-            .entry((rule.to_owned(), key.to_owned()))
-            .or_default();
-        k.arrivals = k.arrivals.saturating_add(cost);
-        let s = k.slots.entry(slot).or_default();
-        if s.held >= cost {
-            s.held -= cost;
-            s.admitted += cost;
-            Some(true)
-        } else {
-            Some(false)
+        let k = self.keys.get(&(rule.to_owned(), key.to_owned()));
+        let s = k
+            .and_then(|k| k.slots.get(&slot))
+            .copied()
+            .unwrap_or_default();
+        let total = k.and_then(|k| k.admitted_in.get(&slot).copied());
+        let mut d = decision(limit, total, &s, 1, now);
+        let room = d.remaining >= 1;
+        match &mut d.verdict {
+            Verdict::Admit { .. } => d.remaining += 1,
+            Verdict::Deny { retry_after } if room => {
+                *retry_after = self.grant_wait(now).min(*retry_after);
+            }
+            _ => {}
         }
+        Some(d)
+    }
+
+    /// How long from `now` until the next round's grants should be in: the next boundary,
+    /// plus a hop per level of the tree up and down (the sums reach the root and come back).
+    pub fn grant_wait(&self, now: Nanos) -> Nanos {
+        let boundary = self.next_round * self.params.round;
+        let mut levels = 0;
+        let mut c = 1;
+        while c < self.members.len() {
+            levels += 1;
+            c = self.params.fanout * c + 1;
+        }
+        boundary.saturating_sub(now) + (2 * levels + 1) * self.params.hop
+    }
+
+    /// The longest [`Tree::grant_wait`]: a round and the hops.
+    pub fn longest_grant_wait(&self) -> Nanos {
+        self.grant_wait(self.next_round.saturating_sub(1) * self.params.round)
+    }
+
+    /// Keys of `rule` this node tracks.
+    pub fn rule_keys(&self, rule: &str) -> usize {
+        self.keys.keys().filter(|(r, _)| r == rule).count()
+    }
+
+    /// The view's members.
+    pub fn members(&self) -> &[Actor] {
+        &self.members
     }
 
     /// The admitted total of `key` in `slot` in the last complete round's totals this node
@@ -408,6 +499,7 @@ impl Tree {
             k.admitted_in.retain(|&s, _| s >= cur);
             for x in if next == cur { cur..=cur } else { cur..=next } {
                 let s = k.slots.entry(x).or_default();
+                s.reported = s.admitted;
                 // The target: the room left, by this node's share of the demand.
                 // Without the last round's totals (this node did not report the key then),
                 // an even split. Rounded up, so every node with demand may hold a unit: the
@@ -647,6 +739,9 @@ impl Tree {
         let (up, sums) = match message {
             Message::TreeUp(s) => (true, s),
             Message::TreeDown(s) => (false, s),
+            // A new peer greets (so the transport authenticates it); nothing to do here.
+            Message::Hello { from, .. } if from.node == peer => return Ok(Vec::new()),
+            Message::Hello { .. } => return Err(Reject::Impostor),
             _ => return Err(Reject::Unexpected),
         };
         if sums.from.node != peer || peer == self.me.node {
@@ -728,6 +823,37 @@ impl Tree {
             self.down(n, &agg, &mut out);
         }
         Ok(out)
+    }
+}
+
+/// A fixed window's answer to `cost` from what this node holds in its slot `s`, with
+/// `total` the slot's admitted units in the last totals it received. Charges nothing.
+fn decision(limit: &Limit, total: Option<u64>, s: &Slot, cost: u64, now: Nanos) -> Decision {
+    let (c, len) = (limit.limit(), limit.period());
+    let slot_end = (now / len + 1) * len;
+    let used = total
+        .unwrap_or(0)
+        .saturating_add(s.admitted.saturating_sub(s.reported));
+    let remaining = c.saturating_sub(used);
+    let reset_after = if used == 0 { 0 } else { slot_end - now };
+    let verdict = if cost > c {
+        Verdict::Never
+    } else if s.held >= cost {
+        Verdict::Admit { wait: 0 }
+    } else {
+        Verdict::Deny {
+            retry_after: slot_end - now,
+        }
+    };
+    let remaining = match verdict {
+        Verdict::Admit { .. } => remaining.saturating_sub(cost),
+        _ => remaining,
+    };
+    Decision {
+        verdict,
+        limit: c,
+        remaining,
+        reset_after,
     }
 }
 

@@ -50,6 +50,28 @@ pub const DEFAULT_ROUND_NICE: i32 = 10;
 /// The rules served when no config file is given.
 pub const BUILTIN_RULES: &str = include_str!("builtin.toml");
 
+/// How a cluster exchanges counts for its global rules (`[cluster] exchange`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExchangeMode {
+    /// Every node sends its round frame to every other: any algorithm, `on_partition`
+    /// `hold` or `split`; traffic per node grows with the cluster (design.md §11).
+    #[default]
+    Mesh,
+    /// Sums up and totals down an aggregation tree: fixed windows of one limit only,
+    /// partitions split; traffic per node does not grow with the cluster (design.md §11.1).
+    Tree,
+}
+
+impl ExchangeMode {
+    /// The config name.
+    pub fn name(self) -> &'static str {
+        match self {
+            ExchangeMode::Mesh => "mesh",
+            ExchangeMode::Tree => "tree",
+        }
+    }
+}
+
 /// The CPU priority of the cluster's threads, below the checks' (`[cluster] round_nice`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoundNice {
@@ -117,6 +139,8 @@ pub struct ClusterConfig {
     pub gossip_interval: Duration,
     /// Where counts are exchanged over QUIC (default: the gossip address, port + 1).
     pub quic: Option<SocketAddr>,
+    /// How counts are exchanged.
+    pub exchange: ExchangeMode,
     /// What a partition does to global limits.
     pub on_partition: OnPartition,
     /// The failure detector's phi threshold.
@@ -141,6 +165,7 @@ impl Default for ClusterConfig {
             cluster_id: DEFAULT_CLUSTER_ID.to_owned(),
             gossip_interval: DEFAULT_GOSSIP_INTERVAL,
             quic: None,
+            exchange: ExchangeMode::Mesh,
             on_partition: OnPartition::Hold,
             phi_threshold: DEFAULT_PHI_THRESHOLD,
             dead_node_grace: DEFAULT_DEAD_NODE_GRACE,
@@ -291,6 +316,25 @@ impl Config {
         }
         let round = self.cluster.gossip_interval.as_nanos();
         for rule in self.rules.iter().filter(|r| r.scope == Scope::Global) {
+            let tree = self.cluster.exchange == ExchangeMode::Tree;
+            if tree
+                && (rule.limits.len() != 1 || rule.limits[0].algorithm() != Algorithm::FixedWindow)
+            {
+                let field = if rule.limits.len() != 1 {
+                    "limits"
+                } else {
+                    "algorithm"
+                };
+                return Err(ConfigError::Invalid {
+                    file: file.to_owned(),
+                    place: Place {
+                        rule: Some(rule.name.clone()),
+                        table: None,
+                        field: field.to_owned(),
+                    },
+                    message: "exchange = \"tree\" runs global rules of one fixed_window limit only (make the rule scope = \"local\", or use exchange = \"mesh\")".to_owned(),
+                });
+            }
             for limit in &rule.limits {
                 if !limit.algorithm().has_burst() && u128::from(limit.period()) % round != 0 {
                     return Err(ConfigError::Invalid {
@@ -550,11 +594,27 @@ impl Parser<'_> {
             None => None,
             Some(v) => Some(socket_addr(v).map_err(|m| err("quic", m))?),
         };
-        let on_partition = match f.get("on_partition") {
-            None => OnPartition::Hold,
-            Some(Value::String(s)) if s == "hold" => OnPartition::Hold,
-            Some(Value::String(s)) if s == "split" => OnPartition::Split,
-            Some(_) => return Err(err("on_partition", "must be \"hold\" or \"split\"".into())),
+        let exchange = match f.get("exchange") {
+            None => ExchangeMode::Mesh,
+            Some(Value::String(s)) if s == "mesh" => ExchangeMode::Mesh,
+            Some(Value::String(s)) if s == "tree" => ExchangeMode::Tree,
+            Some(_) => return Err(err("exchange", "must be \"mesh\" or \"tree\"".into())),
+        };
+        let on_partition = match (f.get("on_partition"), exchange) {
+            // The tree has no `hold`: each side of a partition allots the whole limit.
+            (None, ExchangeMode::Tree) => OnPartition::Split,
+            (None, ExchangeMode::Mesh) => OnPartition::Hold,
+            (Some(Value::String(s)), ExchangeMode::Tree) if s == "hold" => {
+                return Err(err(
+                    "on_partition",
+                    "exchange = \"tree\" has no \"hold\": each side of a partition allots the whole limit (set \"split\", or use exchange = \"mesh\")".into(),
+                ));
+            }
+            (Some(Value::String(s)), _) if s == "hold" => OnPartition::Hold,
+            (Some(Value::String(s)), _) if s == "split" => OnPartition::Split,
+            (Some(_), _) => {
+                return Err(err("on_partition", "must be \"hold\" or \"split\"".into()));
+            }
         };
         let phi_threshold = match f.get("phi_threshold") {
             None => DEFAULT_PHI_THRESHOLD,
@@ -592,6 +652,7 @@ impl Parser<'_> {
             cluster_id,
             gossip_interval,
             quic,
+            exchange,
             on_partition,
             phi_threshold,
             dead_node_grace,

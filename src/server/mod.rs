@@ -17,9 +17,11 @@ use tracing::{debug, info, warn};
 
 use crate::api::{App, Service};
 use crate::clock::Clock;
+use crate::cluster::Exchange;
 use crate::cluster::global::Params;
 use crate::cluster::node::{Cluster, generation, rules_hash};
-use crate::config::Config;
+use crate::cluster::tree::TreeParams;
+use crate::config::{Config, ExchangeMode};
 use crate::counter::Actor;
 use crate::engine::Engine;
 
@@ -47,19 +49,44 @@ impl Node {
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {http}: {e}")))?;
         let max_keys = config.server.max_keys;
-        let (engine, global) = if config.cluster.gossip.is_some() {
+        let (engine, cluster) = if config.cluster.gossip.is_some() {
             let round = config.cluster.gossip_interval.as_nanos() as u64;
-            let params = Params {
-                round,
-                settle: round / 4,
-                on_partition: config.cluster.on_partition,
-                ..Params::default()
-            };
             let me = Actor::new(config.server.node_id.clone(), generation(clock.now()));
-            let (engine, global) =
-                Engine::clustered(config.rules.clone(), max_keys, clock.clone(), me, params)
+            let (engine, exchange) = match config.cluster.exchange {
+                ExchangeMode::Mesh => {
+                    let params = Params {
+                        round,
+                        settle: round / 4,
+                        on_partition: config.cluster.on_partition,
+                        ..Params::default()
+                    };
+                    let (engine, global) = Engine::clustered(
+                        config.rules.clone(),
+                        max_keys,
+                        clock.clone(),
+                        me.clone(),
+                        params,
+                    )
                     .map_err(|e| io::Error::other(format!("global rules: {e}")))?;
-            (engine, Some(global))
+                    (engine, Exchange::Mesh(global))
+                }
+                ExchangeMode::Tree => {
+                    let params = TreeParams {
+                        round,
+                        ..TreeParams::default()
+                    };
+                    let (engine, tree) = Engine::clustered_tree(
+                        config.rules.clone(),
+                        max_keys,
+                        clock.clone(),
+                        me.clone(),
+                        params,
+                    )
+                    .map_err(|e| io::Error::other(format!("global rules: {e}")))?;
+                    (engine, Exchange::Tree(tree))
+                }
+            };
+            (engine, Some((exchange, me)))
         } else {
             (
                 Engine::new(config.rules.clone(), max_keys, clock.clone()),
@@ -72,8 +99,8 @@ impl Node {
             config.cluster.gossip,
             config.server.request_timeout,
         );
-        if let Some(global) = global {
-            let cluster = Cluster::start(&config, global, clock, rules_hash(&config))
+        if let Some((exchange, me)) = cluster {
+            let cluster = Cluster::start(&config, exchange, me, clock, rules_hash(&config))
                 .await
                 .map_err(|e| io::Error::other(format!("cannot start the cluster: {e}")))?;
             let _ = app.cluster.set(Arc::new(cluster));
