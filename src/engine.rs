@@ -846,4 +846,80 @@ mod tests {
         assert!(e.check("default", "k", 1, 0).unwrap().decision.allowed());
         assert_eq!(e.rules().next().unwrap().rule.name, "default");
     }
+
+    /// Over the tree, a global rule's checks go to the tree and local rules stay local; a
+    /// key's first check is held for the next round's grant (`lease_pause`), after which
+    /// `instants` has moved and the check is admitted; a reload may not touch global rules.
+    #[test]
+    fn a_tree_engine_routes_global_rules_and_pauses_a_new_key_for_its_grant() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let me = Actor::new("n0", 1);
+        let rules = vec![
+            rule("w", Algorithm::FixedWindow, 10, None),
+            global("g", 10),
+            rule("l", Algorithm::TokenBucket, 1, None),
+        ];
+        let rules: Vec<Rule> = rules
+            .into_iter()
+            .map(|mut r| {
+                if r.name == "w" {
+                    r.scope = Scope::Global;
+                }
+                r
+            })
+            .collect();
+        // `g` is a global token bucket: the tree refuses it.
+        assert_eq!(
+            Engine::clustered_tree(
+                rules.clone(),
+                100,
+                clock.clone(),
+                me.clone(),
+                TreeParams::default()
+            )
+            .err(),
+            Some(TreeError::Unsupported("g".to_owned()))
+        );
+        let rules: Vec<Rule> = rules.into_iter().filter(|r| r.name != "g").collect();
+        let (e, tree) =
+            Engine::clustered_tree(rules, 100, clock.clone(), me.clone(), TreeParams::default())
+                .unwrap();
+        assert!(e.rule("w").unwrap().is_clustered() && !e.rule("l").unwrap().is_clustered());
+        crate::cluster::lock(&tree).set_members(std::slice::from_ref(&me), T0);
+        let round = TreeParams::default().round;
+        // Past the start's freeze, a round at a time.
+        for _ in 0..30 {
+            clock.advance(round);
+            crate::cluster::lock(&tree).tick(clock.now());
+        }
+        clock.advance(round / 2);
+        let checked = e.check_uncounted("w", "k", 1, 0).unwrap();
+        assert_eq!(checked.outcome, Outcome::Denied);
+        let pause = e
+            .lease_pause(&checked, 1)
+            .expect("a new key waits for its grant");
+        assert_eq!(pause, crate::cluster::lock(&tree).grant_wait(clock.now()));
+        let seen = e.instants();
+        clock.advance(round / 2);
+        crate::cluster::lock(&tree).tick(clock.now());
+        assert_ne!(e.instants(), seen, "a complete round is an instant");
+        let checked = e.check("w", "k", 1, 0).unwrap();
+        assert_eq!(
+            (checked.outcome, checked.decision.remaining),
+            (Outcome::Allowed, 9)
+        );
+        assert_eq!(e.rule("w").unwrap().active_keys(), 1);
+        assert_eq!(e.status("w", "k").unwrap().decision.remaining, 9);
+        // A denial for want of room is not held.
+        let never = e.check_uncounted("w", "k", 11, 0).unwrap();
+        assert_eq!(
+            (never.outcome, e.lease_pause(&never, 11)),
+            (Outcome::Never, None)
+        );
+        assert_eq!(e.check("l", "k", 1, 0).unwrap().outcome, Outcome::Allowed);
+        assert!(
+            e.reload(vec![rule("l", Algorithm::TokenBucket, 1, None)])
+                .is_err()
+        );
+    }
 }

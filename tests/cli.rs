@@ -422,6 +422,41 @@ fn serve_with_a_bad_config_exits_2_naming_the_file_rule_and_field() {
     assert!(stderr.contains("rule \"api\", field \"limit\""), "{stderr}");
 }
 
+/// `exchange = "tree"` runs global rules of one fixed window only: a clustered node with a
+/// global token bucket, or `on_partition = "hold"`, exits 2 at start naming the file, the
+/// rule or table, and the field.
+#[test]
+fn serve_over_the_tree_with_rules_it_cannot_run_exits_2_naming_them() {
+    let cases = [
+        (
+            "[cluster]\nexchange = \"tree\"\n[[rule]]\nname = \"api\"\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod = \"1s\"\n",
+            "rule \"api\", field \"algorithm\"",
+        ),
+        (
+            "[cluster]\nexchange = \"tree\"\non_partition = \"hold\"\n[[rule]]\nname = \"w\"\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1s\"\n",
+            "[cluster], field \"on_partition\"",
+        ),
+    ];
+    for (contents, place) in cases {
+        let file = TempFile::new(contents);
+        let http = format!("127.0.0.1:{}", free_port());
+        let gossip = format!("127.0.0.1:{}", free_port());
+        let out = run(&[
+            "serve",
+            "--config",
+            file.arg(),
+            "--http",
+            &http,
+            "--gossip",
+            &gossip,
+        ]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{place}: {stderr}");
+        assert!(stderr.contains(file.arg()), "file not named: {stderr}");
+        assert!(stderr.contains(place), "{place} not named: {stderr}");
+    }
+}
+
 #[test]
 fn serve_with_a_missing_cluster_tls_file_exits_2_saying_so() {
     let gossip = free_port();

@@ -834,8 +834,6 @@ fn decision(limit: &Limit, total: Option<u64>, s: &Slot, cost: u64, now: Nanos) 
     let used = total
         .unwrap_or(0)
         .saturating_add(s.admitted.saturating_sub(s.reported));
-    let remaining = c.saturating_sub(used);
-    let reset_after = if used == 0 { 0 } else { slot_end - now };
     let verdict = if cost > c {
         Verdict::Never
     } else if s.held >= cost {
@@ -845,10 +843,12 @@ fn decision(limit: &Limit, total: Option<u64>, s: &Slot, cost: u64, now: Nanos) 
             retry_after: slot_end - now,
         }
     };
-    let remaining = match verdict {
-        Verdict::Admit { .. } => remaining.saturating_sub(cost),
-        _ => remaining,
+    let used = match verdict {
+        Verdict::Admit { .. } => used.saturating_add(cost),
+        _ => used,
     };
+    let remaining = c.saturating_sub(used);
+    let reset_after = if used == 0 { 0 } else { slot_end - now };
     Decision {
         verdict,
         limit: c,

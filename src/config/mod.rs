@@ -328,7 +328,7 @@ impl Config {
                 return Err(ConfigError::Invalid {
                     file: file.to_owned(),
                     place: Place {
-                        rule: Some(rule.name.clone()),
+                        rule: Some(quoted(&rule.name)),
                         table: None,
                         field: field.to_owned(),
                     },
@@ -340,7 +340,7 @@ impl Config {
                     return Err(ConfigError::Invalid {
                         file: file.to_owned(),
                         place: Place {
-                            rule: Some(rule.name.clone()),
+                            rule: Some(quoted(&rule.name)),
                             table: None,
                             field: "period".to_owned(),
                         },

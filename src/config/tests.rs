@@ -287,3 +287,64 @@ fn documented_example_configs_are_valid() {
         .collect();
     assert_eq!(per_minute, [(60, 60), (600, 600), (6000, 6000)]);
 }
+
+/// `[cluster] exchange`: the full mesh by default; the tree splits on a partition, refuses
+/// `hold`, and runs only global rules of one fixed-window limit (checked with clustering
+/// on, naming the rule and field).
+#[test]
+fn the_tree_exchange_runs_single_fixed_windows_and_splits() {
+    let cluster = |extra: &str| format!("[cluster]\ngossip = \"127.0.0.1:7946\"\n{extra}\n");
+    let window =
+        "[[rule]]\nname = \"w\"\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1s\"\n";
+    let mesh = parse(&format!("{}{window}", cluster(""))).unwrap();
+    assert_eq!(
+        (mesh.cluster.exchange, mesh.cluster.on_partition),
+        (ExchangeMode::Mesh, OnPartition::Hold)
+    );
+    let tree = parse(&format!("{}{window}", cluster("exchange = \"tree\""))).unwrap();
+    assert_eq!(
+        (tree.cluster.exchange, tree.cluster.on_partition),
+        (ExchangeMode::Tree, OnPartition::Split)
+    );
+    tree.check_cluster("rules.toml").unwrap();
+    let hold = error(&format!(
+        "{}{window}",
+        cluster("exchange = \"tree\"\non_partition = \"hold\"")
+    ));
+    assert!(
+        hold.contains("[cluster], field \"on_partition\"") && hold.contains("has no \"hold\""),
+        "{hold}"
+    );
+    let bad = error(&format!("{}{window}", cluster("exchange = \"ring\"")));
+    assert!(bad.contains("must be \"mesh\" or \"tree\""), "{bad}");
+    let refused = |rules: &str| {
+        parse(&format!("{}{rules}", cluster("exchange = \"tree\"")))
+            .unwrap()
+            .check_cluster("rules.toml")
+            .unwrap_err()
+            .to_string()
+    };
+    let bucket = refused(
+        "[[rule]]\nname = \"b\"\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod = \"1s\"\n",
+    );
+    assert!(
+        bucket.contains("rules.toml") && bucket.contains("rule \"b\", field \"algorithm\""),
+        "{bucket}"
+    );
+    let composite = refused(
+        "[[rule]]\nname = \"c\"\n[[rule.limits]]\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1s\"\n[[rule.limits]]\nalgorithm = \"fixed_window\"\nlimit = 100\nperiod = \"1m\"\n",
+    );
+    assert!(
+        composite.contains("rule \"c\", field \"limits\""),
+        "{composite}"
+    );
+    // A local rule may be anything.
+    let local = "[[rule]]\nname = \"l\"\nscope = \"local\"\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod = \"1s\"\n";
+    parse(&format!(
+        "{}{window}{local}",
+        cluster("exchange = \"tree\"")
+    ))
+    .unwrap()
+    .check_cluster("rules.toml")
+    .unwrap();
+}

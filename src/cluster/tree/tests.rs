@@ -401,3 +401,88 @@ fn sums_larger_than_a_frame_go_in_parts() {
     };
     assert_eq!(t.receive("n1", Message::TreeUp(bad)), Err(Reject::BadParts));
 }
+
+/// What the engine gets from a check over the tree, on one node alone in its view (the root
+/// and its own only member: its sums are the totals at once): a cost above the limit is
+/// `Never`; a key's first check is denied until the next round's grant, with `retry_after`
+/// that long and the whole limit `remaining`; then the node admits from what it was
+/// granted, `remaining` counting its own admissions; `status` charges nothing; a new key
+/// past `max_keys` is refused.
+#[test]
+fn a_lone_node_answers_checks_with_the_whole_decision() {
+    let me = Actor::new("n0", 1);
+    let params = TreeParams {
+        max_keys: 2,
+        ..TreeParams::default()
+    };
+    let round = params.round;
+    let mut tree = Tree::new(me.clone(), window(10), params, START).expect("valid");
+    tree.set_members(std::slice::from_ref(&me), START);
+    // Past the start's freeze (the slots a previous incarnation could hold room in), a
+    // round at a time (three boundaries at once would freeze as a pause does).
+    let mut now = START;
+    while now < START + 3 * SECOND {
+        now += round;
+        tree.tick(now);
+    }
+    now += round / 2;
+    let never = tree.decide("w", "k", 11, now).unwrap().unwrap();
+    assert_eq!((never.verdict, never.remaining), (Verdict::Never, 10));
+    let first = tree.decide("w", "k", 1, now).unwrap().unwrap();
+    let wait = tree.grant_wait(now);
+    assert_eq!(first.verdict, Verdict::Deny { retry_after: wait });
+    assert_eq!(
+        (first.limit, first.remaining, first.reset_after),
+        (10, 10, 0)
+    );
+    assert_eq!(
+        wait,
+        round / 2 + DEFAULT_HOP,
+        "the next boundary and one hop"
+    );
+    assert!(wait <= tree.longest_grant_wait());
+    // The boundary: the key's demand asks for its room, and the node grants it to itself.
+    now += round / 2;
+    assert!(tree.tick(now).is_empty(), "nothing to send alone");
+    assert_eq!(tree.stats().granted, 10);
+    for left in (7..=9).rev() {
+        let d = tree.decide("w", "k", 1, now).unwrap().unwrap();
+        assert_eq!(d.verdict, Verdict::Admit { wait: 0 });
+        assert_eq!(d.remaining, left);
+        assert_eq!(d.reset_after, SECOND - round, "the slot ends at +4 s");
+    }
+    let status = tree.status("w", "k", now).unwrap();
+    assert_eq!(
+        status,
+        tree.status("w", "k", now).unwrap(),
+        "status charges nothing"
+    );
+    assert_eq!((status.allowed(), status.remaining), (true, 7));
+    // Unknown to the fresh key's slot: nothing held, so denied until a grant.
+    let fresh = tree.status("w", "other", now).unwrap();
+    assert_eq!((fresh.allowed(), fresh.remaining), (false, 10));
+    assert!(tree.decide("w", "k2", 1, now).unwrap().is_ok());
+    assert_eq!(
+        tree.decide("w", "k3", 1, now),
+        Some(Err(Full)),
+        "max_keys is 2"
+    );
+    assert_eq!(tree.rule_keys("w"), 2);
+    assert_eq!(tree.decide("nope", "k", 1, now), None);
+}
+
+/// A new peer's greeting is accepted (it changes nothing); one naming another sender is an
+/// impostor's.
+#[test]
+fn a_greeting_changes_nothing_and_must_name_its_sender() {
+    let me = Actor::new("n0", 1);
+    let mut tree = Tree::new(me.clone(), window(10), TreeParams::default(), START).expect("valid");
+    tree.set_members(&[me.clone(), Actor::new("n1", 1)], START);
+    let hello = |node: &str| Message::Hello {
+        from: Actor::new(node, 1),
+        rules_hash: 0,
+    };
+    assert_eq!(tree.receive("n1", hello("n1")), Ok(Vec::new()));
+    assert_eq!(tree.receive("n1", hello("n2")), Err(Reject::Impostor));
+    assert_eq!(tree.stats(), &TreeStats::default());
+}
