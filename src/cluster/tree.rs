@@ -42,8 +42,9 @@
 //! What the full mesh has that this does not (yet): sliding windows and buckets, starters
 //! (a key's first check at a node waits for a round's grant), `hold` across partitions,
 //! and counts readable by every node (a node sees totals only for keys it reported).
-//! It is not wired into the node: the simulation (`tree::sim`, `gossamer sim --tree`) runs
-//! it.
+//! A node runs it with `[cluster] exchange = "tree"` (`Engine::clustered_tree`, and the
+//! round task of `cluster::node`); the simulation (`tree::sim`, `gossamer sim --tree`) runs
+//! it on virtual time.
 
 use std::collections::BTreeMap;
 

@@ -570,8 +570,8 @@ fn tree_section(threads: usize, large: bool) -> (String, Vec<ScalePoint>) {
          the full mesh (design.md §11.1): each round a node sends its subtree's sums to its \
          parent and gets the totals back, so it sends one message up and at most the fan-out \
          down, whatever the cluster's size. It has its own simulation \
-         (`src/cluster/tree/sim.rs`, every message through the wire codec) and is not wired \
-         into the node yet. `gossamer sim --tree --seed N` replays a seed, `--tree --seeds` \
+         (`src/cluster/tree/sim.rs`, every message through the wire codec); a node runs it \
+         with `[cluster] exchange = \"tree\"`. `gossamer sim --tree --seed N` replays a seed, `--tree --seeds` \
          explores, `--tree --scale NODES,KEYS` measures one point.\n"
     );
     let seeds_started = Instant::now();
