@@ -41,14 +41,20 @@
 //! measurement, as none touches the check path's locks except a key's shard for a moment).
 //! The check path of a global rule reads local state only (design.md §3.1): this compares
 //! the two decisions directly, without the HTTP path or the other nodes' CPU.
+//!
+//! `cluster/fixed_window/{local,tree}/...`: a fixed window of 2^40 per second as a local rule
+//! and as a global rule over the aggregation tree (`Engine::clustered_tree`, one node alone
+//! in its view, every key granted its room by a round before measuring): a tree check locks
+//! the one `Tree` and looks its key up in a `BTreeMap`, allocating the key's strings.
 
 use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gossamer::clock::ManualClock;
+use gossamer::clock::{Clock, ManualClock};
 use gossamer::cluster::global::Params;
+use gossamer::cluster::tree::TreeParams;
 use gossamer::config::{Rule, Scope};
 use gossamer::counter::Actor;
 use gossamer::engine::Engine;
@@ -358,8 +364,64 @@ fn cluster(c: &mut Criterion, keys: &Keys) {
     group.finish();
 }
 
+fn tree(c: &mut Criterion, keys: &Keys) {
+    let mut group = group(c, "cluster", 3);
+    let clock = Arc::new(ManualClock::new(T0));
+    let rule = |name: &str, scope| Rule {
+        name: name.into(),
+        limits: vec![limit(Algorithm::FixedWindow, MAX_LIMIT, SECOND, None)],
+        scope,
+        max_wait: 0,
+    };
+    let me = Actor::new("node-1", 1);
+    let (engine, tree) = Engine::clustered_tree(
+        vec![rule("local", Scope::Local), rule("tree", Scope::Global)],
+        2 * MANY,
+        clock.clone(),
+        me.clone(),
+        TreeParams::default(),
+    )
+    .expect("valid rules");
+    let round = TreeParams::default().round;
+    let tick = || {
+        clock.advance(round);
+        gossamer::cluster::lock(&tree).tick(clock.now());
+    };
+    gossamer::cluster::lock(&tree).set_members(std::slice::from_ref(&me), clock.now());
+    // Past the start's freeze (the slots a previous incarnation could hold room in), to a
+    // round early in a slot, so the measurement stays in it.
+    while clock.now() % SECOND != 0 || clock.now() < T0 + 3 * SECOND {
+        tick();
+    }
+    let few = 10_000;
+    for name in ["local", "tree"] {
+        // Every key's first check asks for room; the next boundary grants it.
+        for key in (0..few).map(|i| keys.get(i)).chain([HOT]) {
+            check_rule(&engine, name, key);
+        }
+    }
+    tick();
+    for name in ["local", "tree"] {
+        let check = |key: &str| check_rule(&engine, name, key);
+        assert!(check(HOT), "the hot key was granted its room");
+        group.bench_function(format!("fixed_window/{name}/hot"), |b| {
+            b.iter(|| black_box(check(black_box(HOT))));
+        });
+        let mut i = 0;
+        group.bench_function(format!("fixed_window/{name}/10k"), |b| {
+            b.iter(|| {
+                let admitted = check(keys.get(i));
+                i = (i + 1) % few;
+                black_box(admitted)
+            });
+        });
+    }
+    group.finish();
+}
+
 fn benches(c: &mut Criterion) {
     let keys = Keys::new();
+    tree(c, &keys);
     cluster(c, &keys);
     pure(c);
     fixed(c, &keys);

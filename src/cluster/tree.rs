@@ -99,6 +99,21 @@ pub enum TreeError {
     Fanout(usize),
 }
 
+/// The keys a node tracks, by (rule, key). Hashed with a fixed seed: nothing the tree sends
+/// depends on their order (the sums are ordered maps), so the simulation still replays.
+type Keys = hashbrown::HashMap<(String, String), KeyState, foldhash::fast::FixedState>;
+
+/// A (rule, key) looked up without allocating: hashes as the owned pair does (a tuple hashes
+/// its fields in order, and a `String` as its `str`).
+#[derive(Hash)]
+struct KeyRef<'a>(&'a str, &'a str);
+
+impl hashbrown::Equivalent<(String, String)> for KeyRef<'_> {
+    fn equivalent(&self, key: &(String, String)) -> bool {
+        self.0 == key.0 && self.1 == key.1
+    }
+}
+
 /// (rule, key, slot): what an entry of the sums is about.
 type EntryKey = (String, String, u64);
 
@@ -211,7 +226,7 @@ pub struct Tree {
     /// member left, or this node started); the highest of every member's is in a round's
     /// totals, and every node takes it up from there.
     frozen_through: u64,
-    keys: BTreeMap<(String, String), KeyState>,
+    keys: Keys,
     rounds: BTreeMap<u64, RoundBuf>,
     /// Messages for the next round, which arrived before this node's boundary (its clock
     /// behind the sender's): at most `fanout + 1`.
@@ -249,7 +264,7 @@ impl Tree {
             members: Vec::new(),
             view: 0,
             frozen_through: next_round,
-            keys: BTreeMap::new(),
+            keys: Keys::default(),
             rounds: BTreeMap::new(),
             early: Vec::new(),
             next_round,
@@ -333,12 +348,16 @@ impl Tree {
         now: Nanos,
     ) -> Option<Result<Decision, Full>> {
         let limit = *self.rules.get(rule)?;
-        let id = (rule.to_owned(), key.to_owned());
-        if !self.keys.contains_key(&id) && self.keys.len() >= self.params.max_keys {
-            return Some(Err(Full));
-        }
         let grant_wait = self.grant_wait(now);
-        let k = self.keys.entry(id).or_default();
+        // Looked up by reference: the key's strings are allocated only when it is new.
+        if !self.keys.contains_key(&KeyRef(rule, key)) {
+            if self.keys.len() >= self.params.max_keys {
+                return Some(Err(Full));
+            }
+            self.keys
+                .insert((rule.to_owned(), key.to_owned()), KeyState::default());
+        }
+        let k = self.keys.get_mut(&KeyRef(rule, key))?;
         let slot = now / limit.period();
         let s = k.slots.entry(slot).or_default();
         let mut decision = decision(&limit, k.admitted_in.get(&slot).copied(), s, cost, now);
@@ -366,7 +385,7 @@ impl Tree {
     pub fn status(&self, rule: &str, key: &str, now: Nanos) -> Option<Decision> {
         let limit = self.rules.get(rule)?;
         let slot = now / limit.period();
-        let k = self.keys.get(&(rule.to_owned(), key.to_owned()));
+        let k = self.keys.get(&KeyRef(rule, key));
         let s = k
             .and_then(|k| k.slots.get(&slot))
             .copied()
@@ -416,7 +435,7 @@ impl Tree {
     /// received (only for keys it reported).
     pub fn known_total(&self, rule: &str, key: &str, slot: u64) -> Option<u64> {
         self.keys
-            .get(&(rule.to_owned(), key.to_owned()))
+            .get(&KeyRef(rule, key))
             .and_then(|k| k.admitted_in.get(&slot).copied())
     }
 

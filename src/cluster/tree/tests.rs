@@ -302,9 +302,9 @@ fn messages_from_the_wrong_place_change_nothing() {
     assert_eq!(
         t.receive(
             "n1",
-            Message::Hello {
+            Message::Repair {
                 from: members[1].clone(),
-                rules_hash: 0
+                entries: Vec::new(),
             }
         ),
         Err(Reject::Unexpected)
