@@ -228,6 +228,11 @@ impl Cluster {
                 clock.clone(),
                 membership.watch(),
                 sender.clone(),
+                if expects_peers {
+                    c.ready_timeout
+                } else {
+                    Duration::ZERO
+                },
             )),
         ];
         match &exchange {
@@ -998,14 +1003,22 @@ async fn members(
     clock: Arc<dyn Clock>,
     mut watch: tokio::sync::watch::Receiver<Vec<Member>>,
     sender: Sender,
+    ready_timeout: Duration,
 ) {
     let mut generations: HashMap<String, u64> = HashMap::new();
+    // Over the tree, a node that expects peers takes part in no round until it has heard
+    // from every live member gossip shows it (or `ready_timeout` passed): alone in its view
+    // it would complete rounds by itself and grant itself the whole limit beside the
+    // others, as a side of a partition does. (The mesh's `join` task does this for `Global`.)
+    let join_by = tokio::time::Instant::now() + ready_timeout;
+    let mut joined = ready_timeout.is_zero();
     // Over the tree, the members greeted (node id, generation): see `receive`.
     let mut greeted: HashSet<(String, u64)> = HashSet::new();
     loop {
         let list = watch.borrow_and_update().clone();
         let mut infos = Vec::new();
         let mut greetings = Vec::new();
+        let mut unheard = 0;
         {
             let mut addrs = sender.addrs.lock().unwrap_or_else(|p| p.into_inner());
             addrs.clear();
@@ -1039,6 +1052,9 @@ async fn members(
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
                     .contains(&m.node_id);
+                if !authenticated && m.alive && !m.leaving {
+                    unheard += 1;
+                }
                 if authenticated {
                     infos.push(MemberInfo {
                         actor: crate::counter::Actor::new(m.node_id.clone(), m.generation),
@@ -1060,7 +1076,19 @@ async fn members(
                     .map(|m| m.actor)
                     .chain([me.clone()])
                     .collect();
-                super::lock(tree).set_members(&view, clock.now());
+                if !joined {
+                    let waited = tokio::time::Instant::now() >= join_by;
+                    joined = (view.len() > 1 && unheard == 0) || waited;
+                    if joined {
+                        if view.len() == 1 {
+                            warn!("ready timeout: no peer heard from; counting alone");
+                        }
+                        info!(members = view.len(), "joined the cluster");
+                    }
+                }
+                if joined {
+                    super::lock(tree).set_members(&view, clock.now());
+                }
             }
         }
         tokio::select! {
@@ -1068,6 +1096,7 @@ async fn members(
                 return;
             },
             () = sender.newly_authenticated.notified() => {}
+            () = tokio::time::sleep_until(join_by), if !joined => {}
         }
     }
 }
