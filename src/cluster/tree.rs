@@ -99,9 +99,14 @@ pub enum TreeError {
     Fanout(usize),
 }
 
-/// The keys a node tracks, by (rule, key). Hashed with a fixed seed: nothing the tree sends
-/// depends on their order (the sums are ordered maps), so the simulation still replays.
+/// The keys a node tracks, by (rule, key). Hash maps here have a fixed seed, so the order
+/// they are visited in, and the order of a message's entries, is the same on every run:
+/// the simulation replays (and no decision depends on that order).
 type Keys = hashbrown::HashMap<(String, String), KeyState, foldhash::fast::FixedState>;
+
+/// Sums by (rule, key, slot). A hash map: built from a boundary's visit of every key, an
+/// ordered map spent most of a boundary comparing keys.
+type Entries = hashbrown::HashMap<EntryKey, Sums, foldhash::fast::FixedState>;
 
 /// A (rule, key) looked up without allocating: hashes as the owned pair does (a tuple hashes
 /// its fields in order, and a `String` as its `str`).
@@ -145,7 +150,7 @@ struct Agg {
     members: u64,
     /// The highest `frozen_through` among them.
     freeze: u64,
-    entries: BTreeMap<EntryKey, Sums>,
+    entries: Entries,
 }
 
 /// One slot of one key at this node.
@@ -182,7 +187,7 @@ struct RoundBuf {
     /// The boundary plus `hop` per level below this node: send up, complete or not.
     deadline: Nanos,
     /// This node's own contribution, raw grants included.
-    own: BTreeMap<EntryKey, Sums>,
+    own: Entries,
     /// Each child's subtree sums, by child node id.
     from_children: BTreeMap<String, Agg>,
     /// Parts of a child's sums (by child node id), or of the totals, until all are in.
@@ -505,7 +510,7 @@ impl Tree {
         self.rounds.retain(|&r, _| r >= n);
         let start = n * self.params.round;
         let next_start = start + self.params.round;
-        let mut own = BTreeMap::new();
+        let mut own = Entries::default();
         let rules = &self.rules;
         let (frozen_through, round) = (self.frozen_through, self.params.round);
         let members = self.members.len().max(1) as u64;
@@ -676,7 +681,7 @@ impl Tree {
         // Each member's raw grants are an interval of the totals' `[0, Σr)` in pre-order
         // (a node's own, then each child's subtree in order): this subtree starts at the
         // entry's offset, a child's after this node's own and its earlier siblings'.
-        let mut before: BTreeMap<&EntryKey, u64> = r
+        let mut before: hashbrown::HashMap<&EntryKey, u64, foldhash::fast::FixedState> = r
             .own
             .iter()
             .filter_map(|(e, s)| Some((e, totals.entries.get(e)?.offset.saturating_add(s.raw))))
@@ -686,7 +691,7 @@ impl Tree {
             let Some(reported) = r.from_children.get(&child.node) else {
                 continue;
             };
-            let mut entries = BTreeMap::new();
+            let mut entries = Entries::default();
             for (e, sub) in &reported.entries {
                 let Some(t) = totals.entries.get(e) else {
                     continue;
@@ -704,6 +709,7 @@ impl Tree {
             let part = Agg { entries, ..*totals };
             messages.push((child.node.clone(), part));
         }
+        drop(before);
         let own = std::mem::take(&mut r.own);
         for (node, sums) in messages {
             for part in self.encode(n, &sums) {
@@ -906,7 +912,7 @@ fn gather(parts: &mut Vec<Option<TreeSums>>, sums: TreeSums) -> Option<Agg> {
     let mut agg = Agg {
         members: parts[0].members,
         freeze: parts[0].freeze,
-        entries: BTreeMap::new(),
+        entries: Entries::default(),
     };
     for e in parts.into_iter().flat_map(|p| p.entries) {
         agg.entries.insert(
