@@ -1,11 +1,12 @@
-//! How long a round's boundary holds the aggregation tree's lock, by keys tracked.
+//! How long a round's boundary takes in the aggregation tree, by keys tracked.
 //!
 //!     cargo run --release --example tree_boundary
 //!
 //! One `Tree` (a member of a view of 3, fan-out 8; the others never answer, so it sends up
 //! at its deadline) tracks N keys of a fixed window, each checked once a round; the time of
-//! `Tree::tick` at each of 10 boundaries is printed (median and max). A node's checks of
-//! global keys wait for the lock while a boundary runs (design.md §11.1).
+//! `Tree::tick` at each of 10 boundaries is printed (median and max). It holds the tree's
+//! lock (the rounds' own), and a key's shard lock for 16 keys at a time: a check waits for
+//! at most that (design.md §11.1).
 
 use gossamer::cluster::tree::{Tree, TreeParams};
 use gossamer::counter::Actor;

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use crate::clock::Clock;
 use crate::cluster::Exchange;
 use crate::cluster::global::{Global, GlobalError, Params};
-use crate::cluster::tree::{Tree, TreeError, TreeParams};
+use crate::cluster::tree::{Tree, TreeError, TreeKeys, TreeParams};
 use crate::config::{Rule, Scope};
 use crate::counter::Actor;
 use crate::limiter::{Decision, KeyState, Nanos, SECOND, Verdict};
@@ -84,8 +84,8 @@ pub struct RuleState {
 enum Counted {
     /// In [`Global`], under this index.
     Mesh(Arc<Global>, usize),
-    /// In the [`Tree`], under the rule's name.
-    Tree(Arc<Mutex<Tree>>),
+    /// In the tree's keys, under the rule's name (no lock of the [`Tree`]'s).
+    Tree(Arc<TreeKeys>),
 }
 
 impl RuleState {
@@ -98,7 +98,7 @@ impl RuleState {
     pub fn active_keys(&self) -> usize {
         match &self.global {
             Some(Counted::Mesh(g, i)) => g.rule_keys(*i),
-            Some(Counted::Tree(t)) => crate::cluster::lock(t).rule_keys(&self.rule.name),
+            Some(Counted::Tree(t)) => t.rule_keys(&self.rule.name),
             None => self.store.len(),
         }
     }
@@ -235,18 +235,15 @@ impl Engine {
             }
         }
         let params = TreeParams { max_keys, ..params };
-        let tree = Arc::new(Mutex::new(Tree::new(
-            me,
-            global_rules,
-            params,
-            clock.now(),
-        )?));
+        let tree = Tree::new(me, global_rules, params, clock.now())?;
+        let keys = tree.keys();
+        let tree = Arc::new(Mutex::new(tree));
         let engine = Engine::build(
             rules,
             max_keys,
             clock,
             Arc::new(AtomicUsize::new(0)),
-            Some(Exchange::Tree(tree.clone())),
+            Some(Exchange::Tree(tree.clone(), keys)),
             &HashMap::default(),
         );
         Ok((engine, tree))
@@ -276,7 +273,7 @@ impl Engine {
                     Some(Exchange::Mesh(g)) => g
                         .rule_index(&rule.name)
                         .map(|i| Counted::Mesh(g.clone(), i)),
-                    Some(Exchange::Tree(t)) => Some(Counted::Tree(t.clone())),
+                    Some(Exchange::Tree(_, keys)) => Some(Counted::Tree(keys.clone())),
                 };
                 let state = RuleState {
                     store: Store::new(keys.clone(), max_keys),
@@ -421,7 +418,7 @@ impl Engine {
         let longest = match checked.rule.global.as_ref()? {
             Counted::Mesh(global, _) => global.params().settle + crate::limiter::MILLISECOND,
             // A key new at this node gets its first room from the next round's grants.
-            Counted::Tree(tree) => crate::cluster::lock(tree).longest_grant_wait(),
+            Counted::Tree(keys) => keys.longest_grant_wait(),
         };
         match checked.decision.verdict {
             Verdict::Deny { retry_after }
@@ -441,7 +438,7 @@ impl Engine {
         match &self.global {
             None => 0,
             Some(Exchange::Mesh(global)) => global.instants(),
-            Some(Exchange::Tree(tree)) => crate::cluster::lock(tree).stats().complete_rounds,
+            Some(Exchange::Tree(_, keys)) => keys.complete_rounds(),
         }
     }
 
@@ -459,7 +456,7 @@ impl Engine {
         let max_wait = max_wait.min(state.rule.max_wait);
         let result = match &state.global {
             Some(Counted::Mesh(global, index)) => global.check(*index, key, cost, max_wait, now),
-            Some(Counted::Tree(tree)) => crate::cluster::lock(tree)
+            Some(Counted::Tree(keys)) => keys
                 .decide(&state.rule.name, key, cost, now)
                 .expect("the tree runs every global rule")
                 .map(|d| (0, d)),
@@ -509,10 +506,9 @@ impl Engine {
         let now = self.clock.now();
         let (limit_index, decision) = match &state.global {
             Some(Counted::Mesh(global, index)) => global.status(*index, key, now),
-            Some(Counted::Tree(tree)) => (
+            Some(Counted::Tree(keys)) => (
                 0,
-                crate::cluster::lock(tree)
-                    .status(&state.rule.name, key, now)
+                keys.status(&state.rule.name, key, now)
                     .expect("the tree runs every global rule"),
             ),
             None => state.store.read(key, |s| match s {

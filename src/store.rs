@@ -206,6 +206,13 @@ impl<V> Store<V> {
         Ok(self.insert_new(&mut shard, hash, key, list, fresh, is_fresh, f))
     }
 
+    /// Runs `f` on the value of `key`, if it is stored; `None` if not (nothing is created).
+    pub fn update_stored<R>(&self, key: &str, f: impl FnOnce(&mut V) -> R) -> Option<R> {
+        let hash = self.hasher.hash_one(key);
+        let mut shard = self.shard(hash);
+        touch(&mut shard, hash, key, false).map(f)
+    }
+
     /// Runs `f` on the value of `key` and lists it, if it is stored; `None` if not (nothing is
     /// created).
     pub fn update_stored_listed<R>(&self, key: &str, f: impl FnOnce(&mut V) -> R) -> Option<R> {

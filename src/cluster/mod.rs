@@ -27,8 +27,9 @@ use std::sync::{Arc, Mutex};
 pub enum Exchange {
     /// Every node sends its frame to every other ([`global::Global`]).
     Mesh(Arc<global::Global>),
-    /// Sums up and totals down a tree ([`tree::Tree`], `&mut self`: one lock around it).
-    Tree(Arc<Mutex<tree::Tree>>),
+    /// Sums up and totals down a tree: the rounds ([`tree::Tree`], `&mut self`: one lock
+    /// around it) and the keys they share with the checks ([`tree::TreeKeys`]).
+    Tree(Arc<Mutex<tree::Tree>>, Arc<tree::TreeKeys>),
 }
 
 /// The tree, locked (a panic while it was held leaves it as it was: every method keeps its

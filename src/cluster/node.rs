@@ -250,7 +250,7 @@ impl Cluster {
                     c.gossip_interval,
                 )));
             }
-            Exchange::Tree(tree) => {
+            Exchange::Tree(tree, _) => {
                 tasks.push(tokio::spawn(tree_rounds(
                     tree.clone(),
                     clock,
@@ -283,7 +283,7 @@ impl Cluster {
     pub fn ready(&self) -> bool {
         match &self.exchange {
             Exchange::Mesh(global) => global.joined(),
-            Exchange::Tree(tree) => super::lock(tree).stats().complete_rounds > 0,
+            Exchange::Tree(tree, _) => super::lock(tree).stats().complete_rounds > 0,
         }
     }
 
@@ -306,7 +306,7 @@ impl Cluster {
     pub fn suspected(&self) -> Vec<String> {
         match &self.exchange {
             Exchange::Mesh(global) => global.suspected(),
-            Exchange::Tree(_) => Vec::new(),
+            Exchange::Tree(..) => Vec::new(),
         }
     }
 
@@ -316,7 +316,7 @@ impl Cluster {
     pub fn clock_offsets(&self) -> Vec<(String, i64)> {
         match &self.exchange {
             Exchange::Mesh(global) => global.clock_offsets(),
-            Exchange::Tree(_) => Vec::new(),
+            Exchange::Tree(..) => Vec::new(),
         }
     }
 
@@ -352,7 +352,7 @@ impl Cluster {
                 let stats = global.stats();
                 (stats.reports_dropped, stats.own_dots_refused)
             }
-            Exchange::Tree(tree) => {
+            Exchange::Tree(tree, _) => {
                 tree_metrics(&super::lock(tree), out);
                 (0, 0)
             }
@@ -432,7 +432,7 @@ impl Cluster {
     pub async fn shutdown(&self) {
         let published_through = match &self.exchange {
             Exchange::Mesh(global) => Self::publish_last(global).await,
-            Exchange::Tree(_) => None,
+            Exchange::Tree(..) => None,
         };
         for t in &self.tasks {
             t.abort();
@@ -962,7 +962,7 @@ async fn receive(
             // Over the tree a node sends only to its parent and children: a peer heard from
             // for the first time is greeted back, so it authenticates this node too (the
             // full mesh sends every peer its frames anyway).
-            if let Exchange::Tree(_) = &exchange {
+            if let Exchange::Tree(..) = &exchange {
                 sender.send(vec![hello(&me, &peer)]);
             }
         }
@@ -985,7 +985,7 @@ async fn receive(
         };
         let received = match &exchange {
             Exchange::Mesh(global) => global.receive(&peer, message, clock.now()),
-            Exchange::Tree(tree) => super::lock(tree).receive(&peer, message),
+            Exchange::Tree(tree, _) => super::lock(tree).receive(&peer, message),
         };
         match received {
             Ok(out) => sender.send(out),
@@ -1040,7 +1040,7 @@ async fn members(
                 {
                     sender.transport.forget(&m.node_id);
                 }
-                if let Exchange::Tree(_) = &exchange
+                if let Exchange::Tree(..) = &exchange
                     && greeted.insert((m.node_id.clone(), m.generation))
                 {
                     greetings.push(hello(&me, &m.node_id));
@@ -1068,7 +1068,7 @@ async fn members(
         sender.send(greetings);
         match &exchange {
             Exchange::Mesh(global) => sender.send(global.set_members(&infos, clock.now())),
-            Exchange::Tree(tree) => {
+            Exchange::Tree(tree, _) => {
                 // The view: this node and the live members that have not left.
                 let view: Vec<Actor> = infos
                     .into_iter()

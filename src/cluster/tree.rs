@@ -47,11 +47,13 @@
 //! it on virtual time.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::cluster::global::{MAX_PARTS, Output, PART_BYTES, Reject, split_by};
 use crate::counter::{Actor, StableHasher};
 use crate::limiter::{Algorithm, Decision, Limit, MILLISECOND, Nanos, Verdict};
-use crate::store::Full;
+use crate::store::{Full, Store, Visit};
 use crate::wire::{Message, TreeEntry, TreeSums};
 
 pub mod sim;
@@ -99,25 +101,10 @@ pub enum TreeError {
     Fanout(usize),
 }
 
-/// The keys a node tracks, by (rule, key). Hash maps here have a fixed seed, so the order
-/// they are visited in, and the order of a message's entries, is the same on every run:
-/// the simulation replays (and no decision depends on that order).
-type Keys = hashbrown::HashMap<(String, String), KeyState, foldhash::fast::FixedState>;
-
-/// Sums by (rule, key, slot). A hash map: built from a boundary's visit of every key, an
+/// Sums by (rule, key, slot). A hash map (with a fixed seed: its order is the same on every
+/// run, and no decision depends on it): built from a boundary's visit of every key, an
 /// ordered map spent most of a boundary comparing keys.
 type Entries = hashbrown::HashMap<EntryKey, Sums, foldhash::fast::FixedState>;
-
-/// A (rule, key) looked up without allocating: hashes as the owned pair does (a tuple hashes
-/// its fields in order, and a `String` as its `str`).
-#[derive(Hash)]
-struct KeyRef<'a>(&'a str, &'a str);
-
-impl hashbrown::Equivalent<(String, String)> for KeyRef<'_> {
-    fn equivalent(&self, key: &(String, String)) -> bool {
-        self.0 == key.0 && self.1 == key.1
-    }
-}
 
 /// (rule, key, slot): what an entry of the sums is about.
 type EntryKey = (String, String, u64);
@@ -179,6 +166,13 @@ struct KeyState {
     admitted_in: BTreeMap<u64, u64>,
 }
 
+impl KeyState {
+    /// Nothing held, admitted or asked for: the key need not be kept.
+    fn is_empty(&self) -> bool {
+        self.slots.is_empty() && self.demand == 0 && self.arrivals == 0
+    }
+}
+
 /// A round in progress at this node: from its boundary until its next one.
 #[derive(Debug)]
 struct RoundBuf {
@@ -223,7 +217,8 @@ pub struct TreeStats {
 pub struct Tree {
     me: Actor,
     params: TreeParams,
-    rules: BTreeMap<String, Limit>,
+    /// The rules and their keys, shared with the checks.
+    keys: Arc<TreeKeys>,
     /// The view: members in order, this node included when it is a member.
     members: Vec<Actor>,
     view: u64,
@@ -231,7 +226,6 @@ pub struct Tree {
     /// member left, or this node started); the highest of every member's is in a round's
     /// totals, and every node takes it up from there.
     frozen_through: u64,
-    keys: Keys,
     rounds: BTreeMap<u64, RoundBuf>,
     /// Messages for the next round, which arrived before this node's boundary (its clock
     /// behind the sender's): at most `fanout + 1`.
@@ -239,6 +233,134 @@ pub struct Tree {
     /// The next boundary to take.
     next_round: u64,
     stats: TreeStats,
+}
+
+/// The tree's rules and the keys it tracks, shared between the checks (which need no lock
+/// but a key's shard's) and the [`Tree`] that runs the rounds (behind its own lock): a
+/// boundary visits the keys 16 at a time under a shard's lock, so a check waits for a few
+/// keys' work, not a boundary's.
+#[derive(Debug)]
+pub struct TreeKeys {
+    rules: BTreeMap<String, TreeRule>,
+    round: Nanos,
+    fanout: usize,
+    hop: Nanos,
+    /// The tree's next boundary to take, its view's size and its complete rounds, as the
+    /// [`Tree`] last set them.
+    next_round: AtomicU64,
+    members: AtomicUsize,
+    complete_rounds: AtomicU64,
+}
+
+#[derive(Debug)]
+struct TreeRule {
+    limit: Limit,
+    keys: Store<KeyState>,
+}
+
+impl TreeKeys {
+    /// Checks `cost` units of `key` under `rule` at `now`, charged if admitted: admitted
+    /// from the room this node holds in the current slot; `Never` for a cost above the
+    /// limit. The `remaining` it reports is the limit less the last totals this node
+    /// received for the slot and its own admissions since its last boundary (an estimate:
+    /// other members' admissions since are not known here). A denial with room left is
+    /// retried after the next round's grant ([`TreeKeys::grant_wait`]); one without, at the
+    /// slot's end. `Err(Full)`: a new key, with [`TreeParams::max_keys`] tracked already.
+    /// `None`: no such rule.
+    pub fn decide(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        now: Nanos,
+    ) -> Option<Result<Decision, Full>> {
+        let r = self.rules.get(rule)?;
+        let grant_wait = self.grant_wait(now);
+        let limit = r.limit;
+        let decided = r
+            .keys
+            .update(key, now, KeyState::default, KeyState::is_empty, |k| {
+                let slot = now / limit.period();
+                let s = k.slots.entry(slot).or_default();
+                let mut decision =
+                    decision(&limit, k.admitted_in.get(&slot).copied(), s, cost, now);
+                match decision.verdict {
+                    Verdict::Never => {}
+                    Verdict::Admit { .. } => {
+                        s.held -= cost;
+                        s.admitted += cost;
+                        k.arrivals = k.arrivals.saturating_add(cost);
+                    }
+                    Verdict::Deny {
+                        ref mut retry_after,
+                    } => {
+                        if decision.remaining >= cost {
+                            *retry_after = grant_wait.min(*retry_after);
+                        }
+                        k.arrivals = k.arrivals.saturating_add(cost);
+                    }
+                }
+                if s.admitted == 0 && s.held == 0 {
+                    k.slots.remove(&slot);
+                }
+                decision
+            });
+        Some(decided)
+    }
+
+    /// What a check of cost 1 of `key` would get at `now`, charging and storing nothing.
+    /// `None`: no such rule.
+    pub fn status(&self, rule: &str, key: &str, now: Nanos) -> Option<Decision> {
+        let r = self.rules.get(rule)?;
+        let slot = now / r.limit.period();
+        let (s, total) = r.keys.read(key, |k| {
+            let s = k
+                .and_then(|k| k.slots.get(&slot))
+                .copied()
+                .unwrap_or_default();
+            (s, k.and_then(|k| k.admitted_in.get(&slot).copied()))
+        });
+        let mut d = decision(&r.limit, total, &s, 1, now);
+        let room = d.remaining >= 1;
+        match &mut d.verdict {
+            Verdict::Admit { .. } => d.remaining += 1,
+            Verdict::Deny { retry_after } if room => {
+                *retry_after = self.grant_wait(now).min(*retry_after);
+            }
+            _ => {}
+        }
+        Some(d)
+    }
+
+    /// How long from `now` until the next round's grants should be in: the next boundary,
+    /// plus a hop per level of the tree up and down (the sums reach the root and come back).
+    pub fn grant_wait(&self, now: Nanos) -> Nanos {
+        let boundary = self.next_round.load(Ordering::Relaxed) * self.round;
+        let members = self.members.load(Ordering::Relaxed);
+        let mut levels = 0;
+        let mut c = 1;
+        while c < members {
+            levels += 1;
+            c = self.fanout * c + 1;
+        }
+        boundary.saturating_sub(now) + (2 * levels + 1) * self.hop
+    }
+
+    /// The longest [`TreeKeys::grant_wait`]: a round and the hops.
+    pub fn longest_grant_wait(&self) -> Nanos {
+        let next = self.next_round.load(Ordering::Relaxed);
+        self.grant_wait(next.saturating_sub(1) * self.round)
+    }
+
+    /// Keys of `rule` this node tracks.
+    pub fn rule_keys(&self, rule: &str) -> usize {
+        self.rules.get(rule).map_or(0, |r| r.keys.len())
+    }
+
+    /// Rounds whose totals included every member of the view, applied here.
+    pub fn complete_rounds(&self) -> u64 {
+        self.complete_rounds.load(Ordering::Relaxed)
+    }
 }
 
 impl Tree {
@@ -255,21 +377,32 @@ impl Tree {
             return Err(TreeError::Fanout(params.fanout));
         }
         let mut by_name = BTreeMap::new();
+        // One budget of `max_keys` across the rules.
+        let budget = Arc::new(AtomicUsize::new(0));
         for (name, limit) in rules {
             if limit.algorithm() != Algorithm::FixedWindow {
                 return Err(TreeError::Unsupported(name));
             }
-            by_name.insert(name, limit);
+            let keys = Store::new(budget.clone(), params.max_keys);
+            by_name.insert(name, TreeRule { limit, keys });
         }
         let next_round = now / params.round + 1;
+        let keys = Arc::new(TreeKeys {
+            rules: by_name,
+            round: params.round,
+            fanout: params.fanout,
+            hop: params.hop,
+            next_round: AtomicU64::new(next_round),
+            members: AtomicUsize::new(0),
+            complete_rounds: AtomicU64::new(0),
+        });
         let tree = Tree {
             me,
             params,
-            rules: by_name,
+            keys,
             members: Vec::new(),
             view: 0,
             frozen_through: next_round,
-            keys: Keys::default(),
             rounds: BTreeMap::new(),
             early: Vec::new(),
             next_round,
@@ -281,6 +414,11 @@ impl Tree {
     /// What the tree did so far.
     pub fn stats(&self) -> &TreeStats {
         &self.stats
+    }
+
+    /// The rules and keys, for checks that need no lock of the tree's.
+    pub fn keys(&self) -> Arc<TreeKeys> {
+        self.keys.clone()
     }
 
     /// The view's hash (0 before the first view).
@@ -317,12 +455,13 @@ impl Tree {
             h.str(&m.node);
             h.u64(m.generation);
         }
-        for (name, limit) in &self.rules {
+        for (name, TreeRule { limit, .. }) in &self.keys.rules {
             h.str(name);
             h.u64(limit.limit());
             h.u64(limit.period());
         }
         self.view = h.finish();
+        self.keys.members.store(members.len(), Ordering::Relaxed);
         self.members = members;
         // Rounds of the old view can no longer complete here.
         self.rounds.clear();
@@ -331,104 +470,42 @@ impl Tree {
 
     /// Checks `cost` units of `key` under `rule` at `now`: admitted from the room this node
     /// holds in the current slot, or denied. `None`: no such rule.
-    pub fn check(&mut self, rule: &str, key: &str, cost: u64, now: Nanos) -> Option<bool> {
+    pub fn check(&self, rule: &str, key: &str, cost: u64, now: Nanos) -> Option<bool> {
         Some(
             self.decide(rule, key, cost, now)?
                 .is_ok_and(|d| d.allowed()),
         )
     }
 
-    /// [`check`](Tree::check) with the whole answer, charged if admitted: admitted from the
-    /// room this node holds in the current slot; `Never` for a cost above the limit. The
-    /// `remaining` it reports is the limit less the last totals this node received for the
-    /// slot and its own admissions since its last boundary (an estimate: other members'
-    /// admissions since are not known here). A denial with room left is retried after the
-    /// next round's grant ([`Tree::grant_wait`]); one without, at the slot's end.
-    /// `Err(Full)`: a new key, with [`TreeParams::max_keys`] tracked already.
+    /// [`TreeKeys::decide`].
     pub fn decide(
-        &mut self,
+        &self,
         rule: &str,
         key: &str,
         cost: u64,
         now: Nanos,
     ) -> Option<Result<Decision, Full>> {
-        let limit = *self.rules.get(rule)?;
-        let grant_wait = self.grant_wait(now);
-        // Looked up by reference: the key's strings are allocated only when it is new.
-        if !self.keys.contains_key(&KeyRef(rule, key)) {
-            if self.keys.len() >= self.params.max_keys {
-                return Some(Err(Full));
-            }
-            self.keys
-                .insert((rule.to_owned(), key.to_owned()), KeyState::default());
-        }
-        let k = self.keys.get_mut(&KeyRef(rule, key))?;
-        let slot = now / limit.period();
-        let s = k.slots.entry(slot).or_default();
-        let mut decision = decision(&limit, k.admitted_in.get(&slot).copied(), s, cost, now);
-        match decision.verdict {
-            Verdict::Never => {}
-            Verdict::Admit { .. } => {
-                s.held -= cost;
-                s.admitted += cost;
-                k.arrivals = k.arrivals.saturating_add(cost);
-            }
-            Verdict::Deny {
-                ref mut retry_after,
-            } => {
-                if decision.remaining >= cost {
-                    *retry_after = grant_wait.min(*retry_after);
-                }
-                k.arrivals = k.arrivals.saturating_add(cost);
-            }
-        }
-        Some(Ok(decision))
+        self.keys.decide(rule, key, cost, now)
     }
 
-    /// What a check of cost 1 of `key` would get at `now`, charging and storing nothing.
-    /// `None`: no such rule.
+    /// [`TreeKeys::status`].
     pub fn status(&self, rule: &str, key: &str, now: Nanos) -> Option<Decision> {
-        let limit = self.rules.get(rule)?;
-        let slot = now / limit.period();
-        let k = self.keys.get(&KeyRef(rule, key));
-        let s = k
-            .and_then(|k| k.slots.get(&slot))
-            .copied()
-            .unwrap_or_default();
-        let total = k.and_then(|k| k.admitted_in.get(&slot).copied());
-        let mut d = decision(limit, total, &s, 1, now);
-        let room = d.remaining >= 1;
-        match &mut d.verdict {
-            Verdict::Admit { .. } => d.remaining += 1,
-            Verdict::Deny { retry_after } if room => {
-                *retry_after = self.grant_wait(now).min(*retry_after);
-            }
-            _ => {}
-        }
-        Some(d)
+        self.keys.status(rule, key, now)
     }
 
-    /// How long from `now` until the next round's grants should be in: the next boundary,
-    /// plus a hop per level of the tree up and down (the sums reach the root and come back).
+    /// [`TreeKeys::grant_wait`].
     pub fn grant_wait(&self, now: Nanos) -> Nanos {
-        let boundary = self.next_round * self.params.round;
-        let mut levels = 0;
-        let mut c = 1;
-        while c < self.members.len() {
-            levels += 1;
-            c = self.params.fanout * c + 1;
-        }
-        boundary.saturating_sub(now) + (2 * levels + 1) * self.params.hop
+        self.keys.grant_wait(now)
     }
 
-    /// The longest [`Tree::grant_wait`]: a round and the hops.
+    /// [`TreeKeys::longest_grant_wait`].
     pub fn longest_grant_wait(&self) -> Nanos {
-        self.grant_wait(self.next_round.saturating_sub(1) * self.params.round)
+        self.keys.longest_grant_wait()
     }
 
-    /// Keys of `rule` this node tracks.
+    /// [`TreeKeys::rule_keys`].
     pub fn rule_keys(&self, rule: &str) -> usize {
-        self.keys.keys().filter(|(r, _)| r == rule).count()
+        self.keys.rule_keys(rule)
     }
 
     /// The view's members.
@@ -439,9 +516,9 @@ impl Tree {
     /// The admitted total of `key` in `slot` in the last complete round's totals this node
     /// received (only for keys it reported).
     pub fn known_total(&self, rule: &str, key: &str, slot: u64) -> Option<u64> {
-        self.keys
-            .get(&KeyRef(rule, key))
-            .and_then(|k| k.admitted_in.get(&slot).copied())
+        let r = self.keys.rules.get(rule)?;
+        r.keys
+            .read(key, |k| k.and_then(|k| k.admitted_in.get(&slot).copied()))
     }
 
     /// When [`tick`](Tree::tick) next has something to do.
@@ -468,10 +545,14 @@ impl Tree {
             self.rounds.clear();
             self.early.clear();
             self.next_round = current;
+            self.keys.next_round.store(current, Ordering::Relaxed);
         }
         while self.next_round * self.params.round <= now {
             let n = self.next_round;
             self.next_round += 1;
+            self.keys
+                .next_round
+                .store(self.next_round, Ordering::Relaxed);
             self.boundary(n, &mut out);
             for (from, message) in std::mem::take(&mut self.early) {
                 // Only messages of this round were kept; others are counted as ignored.
@@ -511,60 +592,65 @@ impl Tree {
         let start = n * self.params.round;
         let next_start = start + self.params.round;
         let mut own = Entries::default();
-        let rules = &self.rules;
         let (frozen_through, round) = (self.frozen_through, self.params.round);
         let members = self.members.len().max(1) as u64;
         let mut released = 0;
-        self.keys.retain(|(rule, key), k| {
-            let limit = &rules[rule];
-            let (c, len) = (limit.limit(), limit.period());
-            let (cur, next) = (start / len, next_start / len);
-            k.demand = decay(k.demand, std::mem::take(&mut k.arrivals));
-            k.slots.retain(|&s, _| s >= cur);
-            k.admitted_in.retain(|&s, _| s >= cur);
-            for x in if next == cur { cur..=cur } else { cur..=next } {
-                let s = k.slots.entry(x).or_default();
-                s.reported = s.admitted;
-                // The target: the room left, by this node's share of the demand.
-                // Without the last round's totals (this node did not report the key then),
-                // an even split. Rounded up, so every node with demand may hold a unit: the
-                // grants are scaled to the free room whatever the targets sum to.
-                let room = c.saturating_sub(k.admitted_in.get(&x).copied().unwrap_or(0));
-                let (share, total) = if k.totals_round == Some(n - 1) {
-                    (k.demand, k.total_demand.max(k.demand).max(1))
-                } else {
-                    (u64::from(k.demand > 0), members)
-                };
-                let target =
-                    (u128::from(room) * u128::from(share)).div_ceil(u128::from(total)) as u64;
-                // A frozen slot is served from what is held: nothing is asked for there, and
-                // nothing given back (nobody could be granted it).
-                let frozen = frozen(frozen_through, round, x, len);
-                if s.held > target && !frozen {
-                    released += s.held - target;
-                    s.held = target;
+        let keys = self.keys.clone();
+        for (rule, r) in &keys.rules {
+            let (c, len) = (r.limit.limit(), r.limit.period());
+            r.keys.visit_all(|key, k| {
+                let (cur, next) = (start / len, next_start / len);
+                k.demand = decay(k.demand, std::mem::take(&mut k.arrivals));
+                k.slots.retain(|&s, _| s >= cur);
+                k.admitted_in.retain(|&s, _| s >= cur);
+                for x in if next == cur { cur..=cur } else { cur..=next } {
+                    let s = k.slots.entry(x).or_default();
+                    s.reported = s.admitted;
+                    // The target: the room left, by this node's share of the demand.
+                    // Without the last round's totals (this node did not report the key then),
+                    // an even split. Rounded up, so every node with demand may hold a unit: the
+                    // grants are scaled to the free room whatever the targets sum to.
+                    let room = c.saturating_sub(k.admitted_in.get(&x).copied().unwrap_or(0));
+                    let (share, total) = if k.totals_round == Some(n - 1) {
+                        (k.demand, k.total_demand.max(k.demand).max(1))
+                    } else {
+                        (u64::from(k.demand > 0), members)
+                    };
+                    let target =
+                        (u128::from(room) * u128::from(share)).div_ceil(u128::from(total)) as u64;
+                    // A frozen slot is served from what is held: nothing is asked for there, and
+                    // nothing given back (nobody could be granted it).
+                    let frozen = frozen(frozen_through, round, x, len);
+                    if s.held > target && !frozen {
+                        released += s.held - target;
+                        s.held = target;
+                    }
+                    let raw = if frozen {
+                        0
+                    } else {
+                        target.saturating_sub(s.held)
+                    };
+                    if s.admitted > 0 || s.held > 0 || k.demand > 0 {
+                        own.insert(
+                            (rule.clone(), key.to_owned(), x),
+                            Sums {
+                                admitted: s.admitted,
+                                held: s.held,
+                                demand: k.demand,
+                                raw,
+                                offset: 0,
+                            },
+                        );
+                    }
                 }
-                let raw = if frozen {
-                    0
+                k.slots.retain(|_, s| s.admitted > 0 || s.held > 0);
+                if k.is_empty() {
+                    Visit::Drop
                 } else {
-                    target.saturating_sub(s.held)
-                };
-                if s.admitted > 0 || s.held > 0 || k.demand > 0 {
-                    own.insert(
-                        (rule.clone(), key.clone(), x),
-                        Sums {
-                            admitted: s.admitted,
-                            held: s.held,
-                            demand: k.demand,
-                            raw,
-                            offset: 0,
-                        },
-                    );
+                    Visit::Unlist
                 }
-            }
-            k.slots.retain(|_, s| s.admitted > 0 || s.held > 0);
-            !k.slots.is_empty() || k.demand > 0
-        });
+            });
+        }
         self.stats.released += released;
         let len = self.members.len();
         let Some(i) = self.members.iter().position(|m| *m == self.me) else {
@@ -721,6 +807,9 @@ impl Tree {
             return;
         }
         self.stats.complete_rounds += 1;
+        self.keys
+            .complete_rounds
+            .store(self.stats.complete_rounds, Ordering::Relaxed);
         // Every member's freeze is in the totals: a member that saw another leave (which
         // this node may not have, if it was away) keeps everyone from granting where the
         // one that left may hold room.
@@ -730,30 +819,31 @@ impl Tree {
             let Some(t) = totals.entries.get(&(rule.clone(), key.clone(), x)) else {
                 continue;
             };
-            let limit = &self.rules[&rule];
-            let (c, frozen) = (limit.limit(), self.frozen(x, limit.period()));
-            let Some(k) = self.keys.get_mut(&(rule, key)) else {
+            let Some(r) = self.keys.rules.get(&rule) else {
                 continue;
             };
-            k.total_demand = t.demand;
-            k.totals_round = Some(n);
-            k.admitted_in.insert(x, t.admitted);
-            if frozen || mine.raw == 0 {
-                continue;
-            }
+            let (c, frozen) = (r.limit.limit(), self.frozen(x, r.limit.period()));
             // Scaled to the free room by the interval's ends, so the grants of the round sum to
             // exactly `⌊Σr · F / Σr⌋ = F` when they must be scaled (rounding each on its own
             // would lose up to a unit per member every round).
             let free = c.saturating_sub(t.admitted).saturating_sub(t.held);
-            let g = if t.raw <= free {
+            let g = if frozen || mine.raw == 0 {
+                0
+            } else if t.raw <= free {
                 mine.raw
             } else {
                 let at = |x: u64| u128::from(x) * u128::from(free) / u128::from(t.raw);
                 (at(t.offset.saturating_add(mine.raw)) - at(t.offset)) as u64
             };
-            if g > 0 {
-                let s = k.slots.entry(x).or_default();
-                s.held += g;
+            let applied = r.keys.update_stored(&key, |k| {
+                k.total_demand = t.demand;
+                k.totals_round = Some(n);
+                k.admitted_in.insert(x, t.admitted);
+                if g > 0 {
+                    k.slots.entry(x).or_default().held += g;
+                }
+            });
+            if applied.is_some() {
                 granted += g;
             }
         }

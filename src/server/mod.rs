@@ -83,7 +83,8 @@ impl Node {
                         params,
                     )
                     .map_err(|e| io::Error::other(format!("global rules: {e}")))?;
-                    (engine, Exchange::Tree(tree))
+                    let keys = crate::cluster::lock(&tree).keys();
+                    (engine, Exchange::Tree(tree, keys))
                 }
             };
             (engine, Some((exchange, me)))

@@ -162,10 +162,10 @@ fn grants_follow_demand_and_sum_to_at_most_the_free_room() {
     let held: Vec<u64> = (0..3)
         .map(|i| {
             let t = sim.node(i).expect("up");
-            t.keys
-                .get(&("w".to_owned(), "k".to_owned()))
-                .and_then(|k| k.slots.get(&slot))
-                .map_or(0, |s| s.held + s.admitted)
+            t.keys.rules["w"].keys.read("k", |k| {
+                k.and_then(|k| k.slots.get(&slot))
+                    .map_or(0, |s| s.held + s.admitted)
+            })
         })
         .collect();
     assert!(held.iter().sum::<u64>() <= 90, "{held:?}");
