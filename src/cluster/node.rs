@@ -567,8 +567,8 @@ fn tree_metrics(tree: &Tree, out: &mut String) {
         out,
         "gossamer_cluster_tree_members",
         "gauge",
-        "Members of this node's view (this node included): a round's totals must include \
-         every one of them for it to grant.",
+        "Members of this node's view (this node included; 0 until it joined): a round's \
+         totals must include every one of them for it to grant.",
         &[("", tree.members().len() as u64)],
     );
     family(
@@ -1087,7 +1087,20 @@ async fn members(
                     }
                 }
                 if joined {
-                    super::lock(tree).set_members(&view, clock.now());
+                    let mut tree = super::lock(tree);
+                    let before = tree.members().len();
+                    let lost = tree.set_members(&view, clock.now());
+                    drop(tree);
+                    if !lost.is_empty() {
+                        let lost: Vec<&str> = lost.iter().map(|m| m.node.as_str()).collect();
+                        warn!(
+                            ?lost,
+                            members = view.len(),
+                            "members left the tree's view: the open windows are frozen (each node spends only the room it holds) until they end"
+                        );
+                    } else if view.len() != before {
+                        info!(members = view.len(), "the tree's view grew");
+                    }
                 }
             }
         }

@@ -250,6 +250,9 @@ pub struct TreeKeys {
     next_round: AtomicU64,
     members: AtomicUsize,
     complete_rounds: AtomicU64,
+    /// The tree's `frozen_through`: a check denied in a frozen slot is told to retry at the
+    /// slot's end, not after the next round (no grant comes there).
+    frozen_through: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -275,8 +278,8 @@ impl TreeKeys {
         now: Nanos,
     ) -> Option<Result<Decision, Full>> {
         let r = self.rules.get(rule)?;
-        let grant_wait = self.grant_wait(now);
         let limit = r.limit;
+        let grant_wait = self.grant_wait_in(&limit, now);
         let decided = r
             .keys
             .update(key, now, KeyState::default, KeyState::is_empty, |k| {
@@ -294,8 +297,10 @@ impl TreeKeys {
                     Verdict::Deny {
                         ref mut retry_after,
                     } => {
-                        if decision.remaining >= cost {
-                            *retry_after = grant_wait.min(*retry_after);
+                        if decision.remaining >= cost
+                            && let Some(wait) = grant_wait
+                        {
+                            *retry_after = wait.min(*retry_after);
                         }
                         k.arrivals = k.arrivals.saturating_add(cost);
                     }
@@ -325,7 +330,9 @@ impl TreeKeys {
         match &mut d.verdict {
             Verdict::Admit { .. } => d.remaining += 1,
             Verdict::Deny { retry_after } if room => {
-                *retry_after = self.grant_wait(now).min(*retry_after);
+                if let Some(wait) = self.grant_wait_in(&r.limit, now) {
+                    *retry_after = wait.min(*retry_after);
+                }
             }
             _ => {}
         }
@@ -344,6 +351,16 @@ impl TreeKeys {
             c = self.fanout * c + 1;
         }
         boundary.saturating_sub(now) + (2 * levels + 1) * self.hop
+    }
+
+    /// [`TreeKeys::grant_wait`] for a slot of `limit` that a grant can still come in: `None`
+    /// if the slot holding `now` is frozen (a member left, or this node started or was
+    /// stopped, since its rounds could grant there), so only what is held is spent there
+    /// until it ends.
+    fn grant_wait_in(&self, limit: &Limit, now: Nanos) -> Option<Nanos> {
+        let through = self.frozen_through.load(Ordering::Relaxed);
+        let slot = now / limit.period();
+        (!frozen(through, self.round, slot, limit.period())).then(|| self.grant_wait(now))
     }
 
     /// The longest [`TreeKeys::grant_wait`]: a round and the hops.
@@ -395,6 +412,7 @@ impl Tree {
             next_round: AtomicU64::new(next_round),
             members: AtomicUsize::new(0),
             complete_rounds: AtomicU64::new(0),
+            frozen_through: AtomicU64::new(next_round),
         });
         let tree = Tree {
             me,
@@ -426,6 +444,14 @@ impl Tree {
         self.view
     }
 
+    /// Freezes the slots a round up to `through` could grant room in (if not already).
+    fn freeze(&mut self, through: u64) {
+        self.frozen_through = self.frozen_through.max(through);
+        self.keys
+            .frozen_through
+            .store(self.frozen_through, Ordering::Relaxed);
+    }
+
     /// Whether `x` is a slot that a round up to `frozen_through` could have granted room
     /// in, for a limit of slots `len` long.
     fn frozen(&self, x: u64, len: Nanos) -> bool {
@@ -434,18 +460,24 @@ impl Tree {
 
     /// The members the membership layer holds alive now (this node among them, or it takes
     /// part in no round). A member missing since the last view freezes the open slots.
-    pub fn set_members(&mut self, members: &[Actor], now: Nanos) {
+    /// Returns the members lost (none if the view did not change).
+    pub fn set_members(&mut self, members: &[Actor], now: Nanos) -> Vec<Actor> {
         let mut members = members.to_vec();
         members.sort();
         members.dedup();
         if members == self.members {
-            return;
+            return Vec::new();
         }
-        let lost = self.members.iter().any(|m| !members.contains(m));
-        if lost {
+        let lost: Vec<Actor> = self
+            .members
+            .iter()
+            .filter(|m| !members.contains(m))
+            .cloned()
+            .collect();
+        if !lost.is_empty() {
             // Rounds before the next boundary may still have granted the lost member room
             // in slots up to the one after that boundary.
-            self.frozen_through = self.frozen_through.max(now / self.params.round + 1);
+            self.freeze(now / self.params.round + 1);
         }
         // The rules are in the hash too: nodes whose limits differ (a rolling change of the
         // config) never complete a round together, since each would scale the same totals
@@ -466,6 +498,7 @@ impl Tree {
         // Rounds of the old view can no longer complete here.
         self.rounds.clear();
         self.early.clear();
+        lost
     }
 
     /// Checks `cost` units of `key` under `rule` at `now`: admitted from the room this node
@@ -540,7 +573,7 @@ impl Tree {
             // rounds, long enough for members to have come and gone without its seeing it,
             // and a view that looks unchanged may hide a member that held room since.
             // Freeze as a start does, and take only the current boundary.
-            self.frozen_through = self.frozen_through.max(current + 1);
+            self.freeze(current + 1);
             self.stats.gaps += 1;
             self.rounds.clear();
             self.early.clear();
@@ -813,7 +846,7 @@ impl Tree {
         // Every member's freeze is in the totals: a member that saw another leave (which
         // this node may not have, if it was away) keeps everyone from granting where the
         // one that left may hold room.
-        self.frozen_through = self.frozen_through.max(totals.freeze);
+        self.freeze(totals.freeze);
         let mut granted = 0;
         for ((rule, key, x), mine) in own {
             let Some(t) = totals.entries.get(&(rule.clone(), key.clone(), x)) else {

@@ -75,9 +75,9 @@ pub const GOSSAMER_ENV: [&str; 9] = [
     "GOSSAMER_URL",
 ];
 
-/// The rules every lab serves. `w` is the windowed rule whose per-window total is measured,
-/// `long` a tracer whose window outlives the test (its `remaining` is compared across nodes),
-/// `bucket` a token bucket of 100/s, burst 100.
+/// The rules every lab serves (unless made with [`Lab::with_config`]). `w` is the windowed
+/// rule whose per-window total is measured, `long` a tracer whose window outlives the test (its
+/// `remaining` is compared across nodes), `bucket` a token bucket of 100/s, burst 100.
 pub const RULES: &str = r#"
 [[rule]]
 name = "w"
@@ -273,6 +273,13 @@ impl Lab {
     /// with all the others (started or not, as a DaemonSet's nodes list every address); the
     /// rest can be started later with [`Lab::start`].
     pub fn with_started(name: &str, n: usize, started: usize) -> Lab {
+        Lab::with_config(name, n, started, RULES)
+    }
+
+    /// As [`Lab::with_started`], serving the configuration `config` (a whole `gossamer.toml`:
+    /// rules, and a `[cluster]` table if wanted; the addresses and seeds come from the
+    /// command line as for [`RULES`]) instead of [`RULES`].
+    pub fn with_config(name: &str, n: usize, started: usize, config: &str) -> Lab {
         assert!(
             (1..=MAX_NODES).contains(&n) && started <= n,
             "a lab has 1 to {MAX_NODES} nodes (asked: {n}, {started} started)"
@@ -281,12 +288,12 @@ impl Lab {
         let tag = format!("{}x{k}", base36(std::process::id()));
         let dir = std::env::temp_dir().join(format!("gossamer-netns-{tag}"));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let config = dir.join("gossamer.toml");
-        std::fs::write(&config, RULES).expect("config is written");
+        let config_path = dir.join("gossamer.toml");
+        std::fs::write(&config_path, config).expect("config is written");
         let mut lab = Lab {
             name: name.to_owned(),
             dir,
-            config,
+            config: config_path,
             bridges: Vec::new(),
             namespaces: Vec::new(),
             host_links: Vec::new(),
@@ -594,6 +601,21 @@ where
     F: FnOnce(Lab) -> Fut,
     Fut: Future<Output = ()>,
 {
+    scenario_config(name, nodes, running, RULES, limit, body);
+}
+
+/// As [`scenario_started`], the nodes serving `config` (see [`Lab::with_config`]).
+pub fn scenario_config<F, Fut>(
+    name: &str,
+    nodes: usize,
+    running: usize,
+    config: &str,
+    limit: Duration,
+    body: F,
+) where
+    F: FnOnce(Lab) -> Fut,
+    Fut: Future<Output = ()>,
+{
     if let Some(why) = unavailable() {
         eprintln!("[{name}] skipped: {why}");
         return;
@@ -605,7 +627,7 @@ where
         .enable_all()
         .build()
         .expect("runtime");
-    let lab = Lab::with_started(name, nodes, running);
+    let lab = Lab::with_config(name, nodes, running, config);
     runtime.block_on(async {
         if timeout(limit, body(lab)).await.is_err() {
             panic!("[{name}] did not finish within {limit:?}");

@@ -486,3 +486,33 @@ fn a_greeting_changes_nothing_and_must_name_its_sender() {
     assert_eq!(tree.receive("n1", hello("n2")), Err(Reject::Impostor));
     assert_eq!(tree.stats(), &TreeStats::default());
 }
+
+/// In a frozen slot (here: the node just started, so its previous incarnation may hold room
+/// there) no grant comes: a check with room left in the totals is told to retry when the
+/// slot ends, not after the next round. Found by the real-network suite: under a 1-day
+/// window the retry said 100 ms all day.
+#[test]
+fn a_check_in_a_frozen_slot_is_told_to_retry_when_it_ends() {
+    let me = Actor::new("n0", 1);
+    let tree = {
+        let mut t = Tree::new(me.clone(), window(10), TreeParams::default(), START).expect("valid");
+        t.set_members(std::slice::from_ref(&me), START);
+        t
+    };
+    let now = START + 10 * MS;
+    let d = tree.decide("w", "k", 1, now).unwrap().unwrap();
+    assert_eq!(
+        d.verdict,
+        Verdict::Deny {
+            retry_after: SECOND - 10 * MS
+        }
+    );
+    assert_eq!(d.remaining, 10);
+    let s = tree.status("w", "k", now).unwrap();
+    assert_eq!(
+        s.verdict,
+        Verdict::Deny {
+            retry_after: SECOND - 10 * MS
+        }
+    );
+}
