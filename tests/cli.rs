@@ -422,9 +422,9 @@ fn serve_with_a_bad_config_exits_2_naming_the_file_rule_and_field() {
     assert!(stderr.contains("rule \"api\", field \"limit\""), "{stderr}");
 }
 
-/// `exchange = "tree"` runs global rules of one fixed window only: a clustered node with a
-/// global token bucket, or `on_partition = "hold"`, exits 2 at start naming the file, the
-/// rule or table, and the field.
+/// `exchange = "tree"` runs global rules of one fixed window of at most a minute only: a
+/// clustered node with a global token bucket, `on_partition = "hold"`, or a day-long global
+/// window, exits 2 at start naming the file, the rule or table, and the field.
 #[test]
 fn serve_over_the_tree_with_rules_it_cannot_run_exits_2_naming_them() {
     let cases = [
@@ -435,6 +435,10 @@ fn serve_over_the_tree_with_rules_it_cannot_run_exits_2_naming_them() {
         (
             "[cluster]\nexchange = \"tree\"\non_partition = \"hold\"\n[[rule]]\nname = \"w\"\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1s\"\n",
             "[cluster], field \"on_partition\"",
+        ),
+        (
+            "[cluster]\nexchange = \"tree\"\n[[rule]]\nname = \"daily\"\nalgorithm = \"fixed_window\"\nlimit = 1000\nperiod = \"1d\"\n",
+            "rule \"daily\", field \"period\"",
         ),
     ];
     for (contents, place) in cases {

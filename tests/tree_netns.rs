@@ -4,7 +4,7 @@
 //! nftables inside the namespaces). The lab is `tests/support/lab.rs`, shared with
 //! `tests/netns.rs` and `tests/chaos.rs`; its layout (a data bridge for gossip and QUIC, where
 //! the faults are made, and a management bridge for the HTTP API the test drives) and its
-//! cleanup are described there. Here every lab serves [`TREE_CONFIG`]: the lab's rules with
+//! cleanup are described there. Here every lab serves [`TREE_CONFIG`]: the lab's `w` with
 //! the tree exchange, and the token bucket local (the tree runs global fixed windows only).
 //!
 //! What the tree promises, and what each scenario checks of it, on `w` (300 per 3 s fixed
@@ -47,8 +47,9 @@ use lab::*;
 use tokio::task::JoinHandle;
 use tokio::time::sleep;
 
-/// The lab's rules (`w`, `long`) with the tree exchange; `bucket` is local (a global token
-/// bucket is refused over the tree). `on_partition` is left to its default, `split`.
+/// The lab's rule `w` with the tree exchange; `bucket` is local (a global token bucket is
+/// refused over the tree), and `long` is left out (a global window longer than a minute is
+/// refused over the tree: a view change freezes the open window until it ends). `on_partition` is left to its default, `split`.
 const TREE_CONFIG: &str = r#"
 [cluster]
 exchange = "tree"
@@ -58,12 +59,6 @@ name = "w"
 algorithm = "fixed_window"
 limit = 300
 period = "3s"
-
-[[rule]]
-name = "long"
-algorithm = "fixed_window"
-limit = 1000000
-period = "1d"
 
 [[rule]]
 name = "bucket"
@@ -789,54 +784,4 @@ fn rolling_restart_5_nodes() {
             lab.finish();
         },
     );
-}
-
-// ---------------------------------------------------------------------------------------------
-// A gap: long windows after a freeze
-
-/// 7. A long window admits on a cluster that has formed: each node's checks of `long` (10⁶ per
-///    day), a few seconds after the tree formed, are admitted. Fails today: a starting node
-///    freezes the open slots of every rule, and a 1-day window's open slot lasts until 00:00
-///    UTC, so every check is denied until then (`remaining` 1000000, `retry_after_ms` about
-///    100). The same freeze follows any member leaving a view (a crash, a restart), at every
-///    node. Run with `cargo test --test tree_netns -- --ignored --nocapture`.
-#[test]
-#[ignore = "tree gap: a start (or a member leaving the view) freezes the open slot of every rule; a 1-day window then grants nothing until 00:00 UTC"]
-fn long_window_admits_after_start() {
-    tree_scenario("tree-long", 3, SCENARIO_LIMIT, |lab| async move {
-        let tag = "tree-long";
-        wait_tree_formed(tag, &lab, &[0, 1, 2], Duration::from_secs(15)).await;
-        sleep(Duration::from_secs(3)).await;
-        let body = serde_json::json!({"rule": "long", "key": "l7", "cost": 1});
-        let mut seen = Vec::new();
-        for (i, addr) in lab.addrs().into_iter().enumerate() {
-            for _ in 0..5 {
-                let reply = request(addr, "/v1/check", Some(&body)).await;
-                seen.push((i, reply));
-                sleep(Duration::from_millis(100)).await;
-            }
-        }
-        let text: Vec<String> = seen
-            .iter()
-            .map(|(i, r)| match r {
-                Some((status, v)) => format!(
-                    "node-{i} {status} remaining {} retry_after_ms {}",
-                    v["remaining"], v["retry_after_ms"]
-                ),
-                None => format!("node-{i} no answer"),
-            })
-            .collect();
-        eprintln!("[{tag}] checks of long/l7: {}", text.join("; "));
-        for i in 0..3 {
-            let admitted = seen
-                .iter()
-                .filter(|(n, r)| *n == i && r.as_ref().is_some_and(|(_, v)| v["allowed"] == true))
-                .count();
-            assert!(
-                admitted > 0,
-                "[{tag}] node-{i} admitted none of 5 checks of a day-long window with all its room left"
-            );
-        }
-        lab.finish();
-    });
 }

@@ -72,6 +72,12 @@ impl ExchangeMode {
     }
 }
 
+/// The longest global window `exchange = "tree"` runs. A member leaving the tree's view (a
+/// crash, a restart, a partition) freezes every open window until it ends, since the totals
+/// lose that member's charge (design.md §11.1): a longer window would stop granting for the
+/// rest of its period (a day-long quota for the rest of the day) after one pod restart.
+pub const MAX_TREE_PERIOD: Duration = Duration::from_secs(60);
+
 /// The CPU priority of the cluster's threads, below the checks' (`[cluster] round_nice`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoundNice {
@@ -333,6 +339,20 @@ impl Config {
                         field: field.to_owned(),
                     },
                     message: "exchange = \"tree\" runs global rules of one fixed_window limit only (make the rule scope = \"local\", or use exchange = \"mesh\")".to_owned(),
+                });
+            }
+            if tree && u128::from(rule.limits[0].period()) > MAX_TREE_PERIOD.as_nanos() {
+                return Err(ConfigError::Invalid {
+                    file: file.to_owned(),
+                    place: Place {
+                        rule: Some(quoted(&rule.name)),
+                        table: None,
+                        field: "period".to_owned(),
+                    },
+                    message: format!(
+                        "exchange = \"tree\" runs global windows of at most {}: after a member leaves the view (a crash, a restart) the open window grants nothing more until it ends (make the rule scope = \"local\", or use exchange = \"mesh\")",
+                        format_duration(MAX_TREE_PERIOD.as_nanos() as Nanos)
+                    ),
                 });
             }
             for limit in &rule.limits {

@@ -338,6 +338,20 @@ fn the_tree_exchange_runs_single_fixed_windows_and_splits() {
         composite.contains("rule \"c\", field \"limits\""),
         "{composite}"
     );
+    let day = refused(
+        "[[rule]]\nname = \"d\"\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1d\"\n",
+    );
+    assert!(
+        day.contains("rule \"d\", field \"period\"") && day.contains("at most 1m"),
+        "{day}"
+    );
+    parse(&format!(
+        "{}[[rule]]\nname = \"m\"\nalgorithm = \"fixed_window\"\nlimit = 10\nperiod = \"1m\"\n",
+        cluster("exchange = \"tree\"")
+    ))
+    .unwrap()
+    .check_cluster("rules.toml")
+    .unwrap();
     // A local rule may be anything.
     let local = "[[rule]]\nname = \"l\"\nscope = \"local\"\nalgorithm = \"token_bucket\"\nlimit = 10\nperiod = \"1s\"\n";
     parse(&format!(
