@@ -771,26 +771,7 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender, nice
         let now = clock.now();
         // A round visits the keys with activity, and every key at a full boundary: keep it
         // off the async workers.
-        let started = std::time::Instant::now();
-        let round = move || {
-            let lowered = lower_priority(nice);
-            (g.tick(now), lowered)
-        };
-        match tokio::task::spawn_blocking(round).await {
-            Ok((out, lowered)) => {
-                sender.send(out);
-                if let Err(e) = lowered
-                    && !std::mem::replace(&mut nice_failed, true)
-                {
-                    warn!(error = %e, %nice, "cannot lower the cluster's CPU priority; it competes with checks as an equal");
-                }
-            }
-            Err(e) => warn!(error = %e, "round failed"),
-        }
-        let mut counts = sender.counts.lock().unwrap_or_else(|p| p.into_inner());
-        counts.ticks += 1;
-        counts.tick_seconds += started.elapsed().as_secs_f64();
-        drop(counts);
+        tick_blocking(move || g.tick(now), &sender, nice, &mut nice_failed).await;
         skew.check(&global);
     }
 }
@@ -812,27 +793,44 @@ async fn tree_rounds(
         }
         let t = tree.clone();
         let now = clock.now();
-        let started = std::time::Instant::now();
         // A boundary visits every key the node tracks: keep it off the async worker.
-        let round = move || {
-            let lowered = lower_priority(nice);
-            (super::lock(&t).tick(now), lowered)
-        };
-        match tokio::task::spawn_blocking(round).await {
-            Ok((out, lowered)) => {
-                sender.send(out);
-                if let Err(e) = lowered
-                    && !std::mem::replace(&mut nice_failed, true)
-                {
-                    warn!(error = %e, %nice, "cannot lower the cluster's CPU priority; it competes with checks as an equal");
-                }
-            }
-            Err(e) => warn!(error = %e, "round failed"),
-        }
-        let mut counts = sender.counts.lock().unwrap_or_else(|p| p.into_inner());
-        counts.ticks += 1;
-        counts.tick_seconds += started.elapsed().as_secs_f64();
+        tick_blocking(
+            move || super::lock(&t).tick(now),
+            &sender,
+            nice,
+            &mut nice_failed,
+        )
+        .await;
     }
+}
+
+/// Runs a round's `tick` on a blocking thread of lowered priority, sends what it returns,
+/// and counts it (warning once if the priority cannot be lowered).
+async fn tick_blocking(
+    tick: impl FnOnce() -> Vec<Output> + Send + 'static,
+    sender: &Sender,
+    nice: RoundNice,
+    nice_failed: &mut bool,
+) {
+    let started = std::time::Instant::now();
+    let round = move || {
+        let lowered = lower_priority(nice);
+        (tick(), lowered)
+    };
+    match tokio::task::spawn_blocking(round).await {
+        Ok((out, lowered)) => {
+            sender.send(out);
+            if let Err(e) = lowered
+                && !std::mem::replace(nice_failed, true)
+            {
+                warn!(error = %e, %nice, "cannot lower the cluster's CPU priority; it competes with checks as an equal");
+            }
+        }
+        Err(e) => warn!(error = %e, "round failed"),
+    }
+    let mut counts = sender.counts.lock().unwrap_or_else(|p| p.into_inner());
+    counts.ticks += 1;
+    counts.tick_seconds += started.elapsed().as_secs_f64();
 }
 
 /// Lowers the calling thread's CPU priority as `round_nice` says (a nice value that much

@@ -321,55 +321,49 @@ impl Config {
             return Ok(());
         }
         let round = self.cluster.gossip_interval.as_nanos();
+        let tree = self.cluster.exchange == ExchangeMode::Tree;
         for rule in self.rules.iter().filter(|r| r.scope == Scope::Global) {
-            let tree = self.cluster.exchange == ExchangeMode::Tree;
-            if tree
-                && (rule.limits.len() != 1 || rule.limits[0].algorithm() != Algorithm::FixedWindow)
-            {
+            let refuse = |field: &str, message: String| ConfigError::Invalid {
+                file: file.to_owned(),
+                place: Place {
+                    rule: Some(quoted(&rule.name)),
+                    table: None,
+                    field: field.to_owned(),
+                },
+                message,
+            };
+            let unsupported =
+                rule.limits.len() != 1 || rule.limits[0].algorithm() != Algorithm::FixedWindow;
+            if tree && unsupported {
                 let field = if rule.limits.len() != 1 {
                     "limits"
                 } else {
                     "algorithm"
                 };
-                return Err(ConfigError::Invalid {
-                    file: file.to_owned(),
-                    place: Place {
-                        rule: Some(quoted(&rule.name)),
-                        table: None,
-                        field: field.to_owned(),
-                    },
-                    message: "exchange = \"tree\" runs global rules of one fixed_window limit only (make the rule scope = \"local\", or use exchange = \"mesh\")".to_owned(),
-                });
+                return Err(refuse(
+                    field,
+                    "exchange = \"tree\" runs global rules of one fixed_window limit only (make the rule scope = \"local\", or use exchange = \"mesh\")".to_owned(),
+                ));
             }
             if tree && u128::from(rule.limits[0].period()) > MAX_TREE_PERIOD.as_nanos() {
-                return Err(ConfigError::Invalid {
-                    file: file.to_owned(),
-                    place: Place {
-                        rule: Some(quoted(&rule.name)),
-                        table: None,
-                        field: "period".to_owned(),
-                    },
-                    message: format!(
+                return Err(refuse(
+                    "period",
+                    format!(
                         "exchange = \"tree\" runs global windows of at most {}: after a member leaves the view (a crash, a restart) the open window grants nothing more until it ends (make the rule scope = \"local\", or use exchange = \"mesh\")",
                         format_duration(MAX_TREE_PERIOD.as_nanos() as Nanos)
                     ),
-                });
+                ));
             }
             for limit in &rule.limits {
                 if !limit.algorithm().has_burst() && u128::from(limit.period()) % round != 0 {
-                    return Err(ConfigError::Invalid {
-                        file: file.to_owned(),
-                        place: Place {
-                            rule: Some(quoted(&rule.name)),
-                            table: None,
-                            field: "period".to_owned(),
-                        },
-                        message: format!(
+                    return Err(refuse(
+                        "period",
+                        format!(
                             "a global {} counts in slots of whole gossip rounds: its period must be a multiple of gossip_interval ({})",
                             limit.algorithm(),
                             format_duration(round as Nanos)
                         ),
-                    });
+                    ));
                 }
             }
         }
