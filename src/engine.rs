@@ -415,21 +415,19 @@ impl Engine {
     /// and its instant, docs/design.md §3.3.1): the wait until the instant, when the key gets
     /// its lease. `None` for every other decision.
     pub fn lease_pause(&self, checked: &Checked<'_>, cost: u64) -> Option<Nanos> {
-        let longest = match checked.rule.global.as_ref()? {
+        let counted = checked.rule.global.as_ref()?;
+        let Verdict::Deny { retry_after } = checked.decision.verdict else {
+            return None;
+        };
+        if checked.outcome != Outcome::Denied || checked.decision.remaining < cost {
+            return None;
+        }
+        let longest = match counted {
             Counted::Mesh(global, _) => global.params().settle + crate::limiter::MILLISECOND,
             // A key new at this node gets its first room from the next round's grants.
             Counted::Tree(keys) => keys.longest_grant_wait(),
         };
-        match checked.decision.verdict {
-            Verdict::Deny { retry_after }
-                if checked.outcome == Outcome::Denied
-                    && checked.decision.remaining >= cost
-                    && retry_after <= longest =>
-            {
-                Some(retry_after)
-            }
-            _ => None,
-        }
+        (retry_after <= longest).then_some(retry_after)
     }
 
     /// Instants the cluster has processed (0 without a cluster; over the tree, complete
@@ -894,7 +892,10 @@ mod tests {
         let pause = e
             .lease_pause(&checked, 1)
             .expect("a new key waits for its grant");
-        assert_eq!(pause, crate::cluster::lock(&tree).grant_wait(clock.now()));
+        assert_eq!(
+            pause,
+            crate::cluster::lock(&tree).keys().grant_wait(clock.now())
+        );
         let seen = e.instants();
         clock.advance(round / 2);
         crate::cluster::lock(&tree).tick(clock.now());

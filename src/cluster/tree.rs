@@ -279,7 +279,6 @@ impl TreeKeys {
     ) -> Option<Result<Decision, Full>> {
         let r = self.rules.get(rule)?;
         let limit = r.limit;
-        let grant_wait = self.grant_wait_in(&limit, now);
         let decided = r
             .keys
             .update(key, now, KeyState::default, KeyState::is_empty, |k| {
@@ -298,7 +297,7 @@ impl TreeKeys {
                         ref mut retry_after,
                     } => {
                         if decision.remaining >= cost
-                            && let Some(wait) = grant_wait
+                            && let Some(wait) = self.grant_wait_in(&limit, now)
                         {
                             *retry_after = wait.min(*retry_after);
                         }
@@ -501,44 +500,14 @@ impl Tree {
         lost
     }
 
-    /// Checks `cost` units of `key` under `rule` at `now`: admitted from the room this node
-    /// holds in the current slot, or denied. `None`: no such rule.
+    /// Checks `cost` units of `key` under `rule` at `now` ([`TreeKeys::decide`]): admitted
+    /// from the room this node holds in the current slot, or denied. `None`: no such rule.
     pub fn check(&self, rule: &str, key: &str, cost: u64, now: Nanos) -> Option<bool> {
         Some(
-            self.decide(rule, key, cost, now)?
+            self.keys
+                .decide(rule, key, cost, now)?
                 .is_ok_and(|d| d.allowed()),
         )
-    }
-
-    /// [`TreeKeys::decide`].
-    pub fn decide(
-        &self,
-        rule: &str,
-        key: &str,
-        cost: u64,
-        now: Nanos,
-    ) -> Option<Result<Decision, Full>> {
-        self.keys.decide(rule, key, cost, now)
-    }
-
-    /// [`TreeKeys::status`].
-    pub fn status(&self, rule: &str, key: &str, now: Nanos) -> Option<Decision> {
-        self.keys.status(rule, key, now)
-    }
-
-    /// [`TreeKeys::grant_wait`].
-    pub fn grant_wait(&self, now: Nanos) -> Nanos {
-        self.keys.grant_wait(now)
-    }
-
-    /// [`TreeKeys::longest_grant_wait`].
-    pub fn longest_grant_wait(&self) -> Nanos {
-        self.keys.longest_grant_wait()
-    }
-
-    /// [`TreeKeys::rule_keys`].
-    pub fn rule_keys(&self, rule: &str) -> usize {
-        self.keys.rule_keys(rule)
     }
 
     /// The view's members.

@@ -425,11 +425,12 @@ fn a_lone_node_answers_checks_with_the_whole_decision() {
         now += round;
         tree.tick(now);
     }
+    let keys = tree.keys();
     now += round / 2;
-    let never = tree.decide("w", "k", 11, now).unwrap().unwrap();
+    let never = keys.decide("w", "k", 11, now).unwrap().unwrap();
     assert_eq!((never.verdict, never.remaining), (Verdict::Never, 10));
-    let first = tree.decide("w", "k", 1, now).unwrap().unwrap();
-    let wait = tree.grant_wait(now);
+    let first = keys.decide("w", "k", 1, now).unwrap().unwrap();
+    let wait = keys.grant_wait(now);
     assert_eq!(first.verdict, Verdict::Deny { retry_after: wait });
     assert_eq!(
         (first.limit, first.remaining, first.reset_after),
@@ -440,35 +441,35 @@ fn a_lone_node_answers_checks_with_the_whole_decision() {
         round / 2 + DEFAULT_HOP,
         "the next boundary and one hop"
     );
-    assert!(wait <= tree.longest_grant_wait());
+    assert!(wait <= keys.longest_grant_wait());
     // The boundary: the key's demand asks for its room, and the node grants it to itself.
     now += round / 2;
     assert!(tree.tick(now).is_empty(), "nothing to send alone");
     assert_eq!(tree.stats().granted, 10);
     for left in (7..=9).rev() {
-        let d = tree.decide("w", "k", 1, now).unwrap().unwrap();
+        let d = keys.decide("w", "k", 1, now).unwrap().unwrap();
         assert_eq!(d.verdict, Verdict::Admit { wait: 0 });
         assert_eq!(d.remaining, left);
         assert_eq!(d.reset_after, SECOND - round, "the slot ends at +4 s");
     }
-    let status = tree.status("w", "k", now).unwrap();
+    let status = keys.status("w", "k", now).unwrap();
     assert_eq!(
         status,
-        tree.status("w", "k", now).unwrap(),
+        keys.status("w", "k", now).unwrap(),
         "status charges nothing"
     );
     assert_eq!((status.allowed(), status.remaining), (true, 7));
     // Unknown to the fresh key's slot: nothing held, so denied until a grant.
-    let fresh = tree.status("w", "other", now).unwrap();
+    let fresh = keys.status("w", "other", now).unwrap();
     assert_eq!((fresh.allowed(), fresh.remaining), (false, 10));
-    assert!(tree.decide("w", "k2", 1, now).unwrap().is_ok());
+    assert!(keys.decide("w", "k2", 1, now).unwrap().is_ok());
     assert_eq!(
-        tree.decide("w", "k3", 1, now),
+        keys.decide("w", "k3", 1, now),
         Some(Err(Full)),
         "max_keys is 2"
     );
-    assert_eq!(tree.rule_keys("w"), 2);
-    assert_eq!(tree.decide("nope", "k", 1, now), None);
+    assert_eq!(keys.rule_keys("w"), 2);
+    assert_eq!(keys.decide("nope", "k", 1, now), None);
 }
 
 /// A new peer's greeting is accepted (it changes nothing); one naming another sender is an
@@ -500,7 +501,7 @@ fn a_check_in_a_frozen_slot_is_told_to_retry_when_it_ends() {
         t
     };
     let now = START + 10 * MS;
-    let d = tree.decide("w", "k", 1, now).unwrap().unwrap();
+    let d = tree.keys().decide("w", "k", 1, now).unwrap().unwrap();
     assert_eq!(
         d.verdict,
         Verdict::Deny {
@@ -508,7 +509,7 @@ fn a_check_in_a_frozen_slot_is_told_to_retry_when_it_ends() {
         }
     );
     assert_eq!(d.remaining, 10);
-    let s = tree.status("w", "k", now).unwrap();
+    let s = tree.keys().status("w", "k", now).unwrap();
     assert_eq!(
         s.verdict,
         Verdict::Deny {
