@@ -24,8 +24,10 @@ use crate::counter::{Actor, Delta, Digest};
 /// The version byte this node writes and the only one it reads. Version 3: a limit report
 /// carries the room the sender holds per slot (`held`) instead of a gap credit. Version 4:
 /// a bucket limit's report carries the share the sender holds (`share`) and the tokens it
-/// gave back (`returned`).
-pub const WIRE_VERSION: u8 = 4;
+/// gave back (`returned`). Version 5: the aggregation tree's sums carry `vouch`, and a
+/// leaving tree node hands its counts to a carrier ([`Message::TreeHandoff`],
+/// [`Message::TreeCarried`]).
+pub const WIRE_VERSION: u8 = 5;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
 /// takes ~40 bytes, so a frame holds ~25,000 of them; a digest of one rule takes at most
@@ -77,6 +79,18 @@ pub enum Message {
     /// The aggregation tree: the whole view's totals of the keys a child's subtree reported,
     /// from a parent to that child.
     TreeDown(TreeSums),
+    /// The aggregation tree: a leaving node's admissions in its open slots (`admitted` of
+    /// each entry; `round`: the round from which the receiver is asked to report them as
+    /// its own), to the member that carries them after it leaves.
+    TreeHandoff(TreeSums),
+    /// The aggregation tree: the carrier's answer to a [`Message::TreeHandoff`]: it reports
+    /// the leaving node's admissions as its own from `round` on.
+    TreeCarried {
+        /// The carrier.
+        from: Actor,
+        /// The handoff's round.
+        round: u64,
+    },
 }
 
 /// Sums over members of the aggregation tree (`cluster::tree`) for one round.
@@ -96,6 +110,10 @@ pub struct TreeSums {
     /// member leave, or started): slots such a round could have granted room in are served
     /// from what is held.
     pub freeze: u64,
+    /// The earliest round since which any of those members has applied complete rounds
+    /// without a gap (`u64::MAX`: none has): a starting member whose previous incarnation
+    /// could hold room only in slots such a member saw granted needs no freeze of its own.
+    pub vouch: u64,
     /// This message is part `part` (from 0) of `parts`: sums larger than a frame are split,
     /// and count as received when every part is in.
     pub part: u32,
@@ -344,7 +362,7 @@ mod tests {
             });
         (
             actor(),
-            any::<[u64; 4]>(),
+            any::<[u64; 5]>(),
             any::<(u32, u32)>(),
             proptest::collection::vec(entry, 0..6),
         )
@@ -354,6 +372,7 @@ mod tests {
                 view: v[1],
                 members: v[2],
                 freeze: v[3],
+                vouch: v[4],
                 part,
                 parts,
                 entries,
@@ -375,6 +394,8 @@ mod tests {
             (actor(), deltas()).prop_map(|(from, entries)| Message::Repair { from, entries }),
             tree_sums().prop_map(Message::TreeUp),
             tree_sums().prop_map(Message::TreeDown),
+            tree_sums().prop_map(Message::TreeHandoff),
+            (actor(), any::<u64>()).prop_map(|(from, round)| Message::TreeCarried { from, round }),
         ]
     }
 
@@ -418,7 +439,7 @@ mod tests {
         assert!(matches!(err, WireError::Version(3)));
         assert_eq!(
             err.to_string(),
-            "frame version 3 is not supported (this node speaks version 4)"
+            "frame version 3 is not supported (this node speaks version 5)"
         );
     }
 

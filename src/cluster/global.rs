@@ -1164,7 +1164,11 @@ impl Global {
         let from = match &message {
             Message::Round(f) => &f.from,
             Message::Digest { from, .. } | Message::Repair { from, .. } => from,
-            Message::Hello { .. } | Message::TreeUp(_) | Message::TreeDown(_) => {
+            Message::Hello { .. }
+            | Message::TreeUp(_)
+            | Message::TreeDown(_)
+            | Message::TreeHandoff(_)
+            | Message::TreeCarried { .. } => {
                 return Err(Reject::Unexpected);
             }
         };
@@ -1269,9 +1273,11 @@ impl Global {
                 }
                 Ok(Vec::new())
             }
-            Message::Hello { .. } | Message::TreeUp(_) | Message::TreeDown(_) => {
-                Err(Reject::Unexpected)
-            }
+            Message::Hello { .. }
+            | Message::TreeUp(_)
+            | Message::TreeDown(_)
+            | Message::TreeHandoff(_)
+            | Message::TreeCarried { .. } => Err(Reject::Unexpected),
         }
     }
 

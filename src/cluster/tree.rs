@@ -48,7 +48,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use crate::cluster::global::{MAX_PARTS, Output, PART_BYTES, Reject, split_by};
 use crate::counter::{Actor, StableHasher};
@@ -107,7 +107,7 @@ pub enum TreeError {
 type Entries = hashbrown::HashMap<EntryKey, Sums, foldhash::fast::FixedState>;
 
 /// (rule, key, slot): what an entry of the sums is about.
-type EntryKey = (String, String, u64);
+pub type EntryKey = (String, String, u64);
 
 /// One (rule, key, slot)'s sums.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -137,6 +137,9 @@ struct Agg {
     members: u64,
     /// The highest `frozen_through` among them.
     freeze: u64,
+    /// The earliest round since which one of them has applied complete rounds without a
+    /// gap (`u64::MAX`: none); see [`Tree::vouch_bound`].
+    vouch: u64,
     entries: Entries,
 }
 
@@ -149,6 +152,18 @@ struct Slot {
     /// `admitted` at the last boundary (what the sums reported): admissions since are this
     /// node's own news, added to the last totals for `remaining`.
     reported: u64,
+    /// Units a leaving member handed to this node ([`Tree::leave`]), added to `admitted`
+    /// (and `reported`) at the boundary of round `pending_from`: the leaving member reports
+    /// them in its sums before that round, this node from it on.
+    pending: u64,
+    pending_from: u64,
+}
+
+impl Slot {
+    /// Nothing admitted, held or carried here: the slot need not be kept.
+    fn is_empty(&self) -> bool {
+        self.admitted == 0 && self.held == 0 && self.pending == 0
+    }
 }
 
 /// One key at this node.
@@ -210,6 +225,30 @@ pub struct TreeStats {
     /// Ticks that found three or more boundaries due (the node was stopped): each froze the
     /// open slots.
     pub gaps: u64,
+    /// Leaving members whose admissions this node took over ([`Message::TreeHandoff`]).
+    pub carried: u64,
+    /// Members that left the view with their admissions carried by a member still in it: no
+    /// freeze.
+    pub left_carried: u64,
+    /// Whether this node's start freeze was lifted by a member that saw every round that
+    /// could have granted its previous incarnation room ([`Tree::vouch_bound`]).
+    pub vouched: bool,
+}
+
+/// A leaving node's handoff ([`Tree::leave`]).
+#[derive(Debug)]
+struct Leaving {
+    /// The member asked to carry this node's admissions.
+    carrier: Actor,
+    /// From this round's boundary the carrier reports them, and this node no longer does
+    /// (once it knows the carrier took them).
+    from: u64,
+    /// This node's admissions per (rule, key, slot) when it left: what it hands over.
+    entries: Vec<TreeEntry>,
+    /// The carrier said it took them.
+    carried: bool,
+    /// When the handoff was last sent (it is sent again each round until answered).
+    sent_at: Nanos,
 }
 
 /// One node's side of the aggregation tree. See the module docs.
@@ -223,9 +262,31 @@ pub struct Tree {
     members: Vec<Actor>,
     view: u64,
     /// No grant in any slot that a round up to this one could have granted room in (a
-    /// member left, or this node started); the highest of every member's is in a round's
-    /// totals, and every node takes it up from there.
+    /// member left without handing its admissions to another, or this node was stopped for
+    /// rounds); the highest of every member's is in a round's totals, and every node takes
+    /// it up from there.
     frozen_through: u64,
+    /// The start freeze: no grant in any slot a round up to this one could have granted
+    /// room in, since this node's previous incarnation, if any, may hold room there. Its own
+    /// (not in the sums), and lifted (0) by a complete round whose totals show a member
+    /// that has applied every round since before any such grant ([`Tree::vouch_bound`]).
+    start_freeze: u64,
+    /// A member vouches for this node's start if it has applied complete rounds without a
+    /// gap since this round or earlier: the first round that could grant room in the
+    /// slot of the longest rule that was open when this node started.
+    vouch_bound: u64,
+    /// The first complete round this node applied since it started or was stopped.
+    since: Option<u64>,
+    /// Set by [`Tree::leave`].
+    leaving: Option<Leaving>,
+    /// Members whose handoffs this node took, with the round they were carried from: a
+    /// handoff sent again is answered again, not added twice.
+    carrying: BTreeMap<Actor, u64>,
+    /// Parts of a handoff (by sender node id), until all are in.
+    handoff_parts: BTreeMap<String, Vec<Option<TreeSums>>>,
+    /// Members that handed their admissions to a carrier before leaving, with the carrier
+    /// and the round from which it reports them ([`Tree::handed_off`]).
+    handoffs: BTreeMap<Actor, (Actor, u64)>,
     rounds: BTreeMap<u64, RoundBuf>,
     /// Messages for the next round, which arrived before this node's boundary (its clock
     /// behind the sender's): at most `fanout + 1`.
@@ -250,9 +311,12 @@ pub struct TreeKeys {
     next_round: AtomicU64,
     members: AtomicUsize,
     complete_rounds: AtomicU64,
-    /// The tree's `frozen_through`: a check denied in a frozen slot is told to retry at the
-    /// slot's end, not after the next round (no grant comes there).
+    /// The tree's `frozen_through` (or start freeze, the later): a check denied in a frozen
+    /// slot is told to retry at the slot's end, not after the next round (no grant comes
+    /// there).
     frozen_through: AtomicU64,
+    /// The node is leaving ([`Tree::leave`]): it admits nothing more.
+    leaving: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -279,6 +343,7 @@ impl TreeKeys {
     ) -> Option<Result<Decision, Full>> {
         let r = self.rules.get(rule)?;
         let limit = r.limit;
+        let leaving = self.leaving.load(Ordering::Relaxed);
         let decided = r
             .keys
             .update(key, now, KeyState::default, KeyState::is_empty, |k| {
@@ -286,6 +351,14 @@ impl TreeKeys {
                 let s = k.slots.entry(slot).or_default();
                 let mut decision =
                     decision(&limit, k.admitted_in.get(&slot).copied(), s, cost, now);
+                if leaving && decision.allowed() {
+                    // Its admissions are handed over: nothing more is admitted here.
+                    let slot_end = (slot + 1) * limit.period();
+                    decision.verdict = Verdict::Deny {
+                        retry_after: slot_end - now,
+                    };
+                    decision.remaining = decision.remaining.saturating_add(cost);
+                }
                 match decision.verdict {
                     Verdict::Never => {}
                     Verdict::Admit { .. } => {
@@ -304,7 +377,7 @@ impl TreeKeys {
                         k.arrivals = k.arrivals.saturating_add(cost);
                     }
                 }
-                if s.admitted == 0 && s.held == 0 {
+                if s.is_empty() {
                     k.slots.remove(&slot);
                 }
                 decision
@@ -412,14 +485,31 @@ impl Tree {
             members: AtomicUsize::new(0),
             complete_rounds: AtomicU64::new(0),
             frozen_through: AtomicU64::new(next_round),
+            leaving: AtomicBool::new(false),
         });
+        // The slot of the longest rule open now: rounds from one before it starts could
+        // have granted the previous incarnation room there.
+        let longest = keys
+            .rules
+            .values()
+            .map(|r| r.limit.period())
+            .max()
+            .unwrap_or(1);
+        let vouch_bound = ((now / longest) * longest / params.round).saturating_sub(1);
         let tree = Tree {
             me,
             params,
             keys,
             members: Vec::new(),
             view: 0,
-            frozen_through: next_round,
+            frozen_through: 0,
+            start_freeze: next_round,
+            vouch_bound,
+            since: None,
+            leaving: None,
+            carrying: BTreeMap::new(),
+            handoff_parts: BTreeMap::new(),
+            handoffs: BTreeMap::new(),
             rounds: BTreeMap::new(),
             early: Vec::new(),
             next_round,
@@ -446,15 +536,46 @@ impl Tree {
     /// Freezes the slots a round up to `through` could grant room in (if not already).
     fn freeze(&mut self, through: u64) {
         self.frozen_through = self.frozen_through.max(through);
-        self.keys
-            .frozen_through
-            .store(self.frozen_through, Ordering::Relaxed);
+        self.publish_freeze();
     }
 
-    /// Whether `x` is a slot that a round up to `frozen_through` could have granted room
+    /// This node's freeze, its start freeze included: no grant in a slot a round up to it
+    /// could grant room in.
+    fn frozen_until(&self) -> u64 {
+        self.frozen_through.max(self.start_freeze)
+    }
+
+    fn publish_freeze(&self) {
+        self.keys
+            .frozen_through
+            .store(self.frozen_until(), Ordering::Relaxed);
+    }
+
+    /// Whether `x` is a slot that a round up to this node's freeze could have granted room
     /// in, for a limit of slots `len` long.
     fn frozen(&self, x: u64, len: Nanos) -> bool {
-        frozen(self.frozen_through, self.params.round, x, len)
+        frozen(self.frozen_until(), self.params.round, x, len)
+    }
+
+    /// The first round that could have granted room in the slot (of this node's longest
+    /// rule) that was open when it started. A member that has applied complete rounds
+    /// without a gap since this round or earlier saw every member that could hold room
+    /// there: each one that left since froze it, unless it handed its admissions to a member
+    /// still in the view. So once a complete round's totals show such a member, this node's
+    /// start freeze is lifted. (Without one, say the whole cluster restarted, it waits the
+    /// slots out.)
+    pub fn vouch_bound(&self) -> u64 {
+        self.vouch_bound
+    }
+
+    /// Member `left` handed its admissions to `carrier`, which reports them from round
+    /// `from` on (the leaving marker of [`Tree::leave`]'s caller). When `left` leaves the
+    /// view, it freezes nothing if `carrier` is still in it and the new view's first round
+    /// is `from` or later.
+    pub fn handed_off(&mut self, left: Actor, carrier: Actor, from: u64) {
+        if left != self.me {
+            self.handoffs.insert(left, (carrier, from));
+        }
     }
 
     /// The members the membership layer holds alive now (this node among them, or it takes
@@ -473,11 +594,27 @@ impl Tree {
             .filter(|m| !members.contains(m))
             .cloned()
             .collect();
-        if !lost.is_empty() {
+        // The new view's rounds start at the next boundary.
+        let next = now / self.params.round + 1;
+        let uncarried = lost.iter().filter(|m| {
+            // A member that handed its admissions to one still in the view left nothing
+            // uncounted (it gave back all it held, and admits nothing more), if the carrier
+            // reports them in every round of the new view.
+            !self
+                .handoffs
+                .get(m)
+                .is_some_and(|(carrier, from)| members.contains(carrier) && next >= *from)
+        });
+        if uncarried.count() > 0 {
             // Rounds before the next boundary may still have granted the lost member room
             // in slots up to the one after that boundary.
-            self.freeze(now / self.params.round + 1);
+            self.freeze(next);
+        } else if !lost.is_empty() {
+            self.stats.left_carried += lost.len() as u64;
         }
+        self.handoffs.retain(|m, _| members.contains(m));
+        self.handoff_parts
+            .retain(|node, _| members.iter().any(|m| m.node == *node));
         // The rules are in the hash too: nodes whose limits differ (a rolling change of the
         // config) never complete a round together, since each would scale the same totals
         // against its own limit.
@@ -536,6 +673,13 @@ impl Tree {
     /// Takes every boundary due by `now` and sends up what is past its deadline.
     pub fn tick(&mut self, now: Nanos) -> Vec<Output> {
         let mut out = Vec::new();
+        if let Some(l) = self.leaving.as_mut()
+            && !l.carried
+            && now >= l.sent_at + self.params.round
+        {
+            l.sent_at = now;
+            out.extend(self.send_handoff());
+        }
         let current = now / self.params.round;
         if current >= self.next_round + 2 {
             // Three or more boundaries due at once: this node was stopped (paused) for
@@ -544,6 +688,8 @@ impl Tree {
             // Freeze as a start does, and take only the current boundary.
             self.freeze(current + 1);
             self.stats.gaps += 1;
+            // Nor does it vouch for anyone's start until it applies complete rounds again.
+            self.since = None;
             self.rounds.clear();
             self.early.clear();
             self.next_round = current;
@@ -591,23 +737,44 @@ impl Tree {
     fn boundary(&mut self, n: u64, out: &mut Vec<Output>) {
         // Grants of earlier rounds not applied by now are dropped (see the module docs).
         self.rounds.retain(|&r, _| r >= n);
+        // A handoff's answer is sent again only while its sender may still be waiting.
+        self.carrying.retain(|_, r| *r + 8 > n);
         let start = n * self.params.round;
         let next_start = start + self.params.round;
         let mut own = Entries::default();
-        let (frozen_through, round) = (self.frozen_through, self.params.round);
+        let (frozen_through, round) = (self.frozen_until(), self.params.round);
         let members = self.members.len().max(1) as u64;
         let mut released = 0;
         let keys = self.keys.clone();
+        // A leaving node gives back all it holds and asks for nothing; once its carrier
+        // took its admissions, from the handoff's round on it reports none either.
+        let leaving = self.leaving.as_ref().map(|l| l.carried && n >= l.from);
         for (rule, r) in &keys.rules {
             let (c, len) = (r.limit.limit(), r.limit.period());
             r.keys.visit_all(|key, k| {
                 let (cur, next) = (start / len, next_start / len);
                 k.demand = decay(k.demand, std::mem::take(&mut k.arrivals));
+                if leaving.is_some() {
+                    k.demand = 0;
+                }
                 k.slots.retain(|&s, _| s >= cur);
                 k.admitted_in.retain(|&s, _| s >= cur);
+                for s in k.slots.values_mut() {
+                    // A leaving member's admissions, reported here from the handoff's round.
+                    if s.pending > 0 && n >= s.pending_from {
+                        s.admitted += s.pending;
+                        s.pending = 0;
+                    }
+                }
                 for x in if next == cur { cur..=cur } else { cur..=next } {
                     let s = k.slots.entry(x).or_default();
                     s.reported = s.admitted;
+                    if leaving.is_some() {
+                        released += std::mem::take(&mut s.held);
+                    }
+                    if leaving == Some(true) {
+                        continue;
+                    }
                     // The target: the room left, by this node's share of the demand.
                     // Without the last round's totals (this node did not report the key then),
                     // an even split. Rounded up, so every node with demand may hold a unit: the
@@ -618,8 +785,11 @@ impl Tree {
                     } else {
                         (u64::from(k.demand > 0), members)
                     };
-                    let target =
-                        (u128::from(room) * u128::from(share)).div_ceil(u128::from(total)) as u64;
+                    let target = if leaving.is_some() {
+                        0
+                    } else {
+                        (u128::from(room) * u128::from(share)).div_ceil(u128::from(total)) as u64
+                    };
                     // A frozen slot is served from what is held: nothing is asked for there, and
                     // nothing given back (nobody could be granted it).
                     let frozen = frozen(frozen_through, round, x, len);
@@ -645,7 +815,7 @@ impl Tree {
                         );
                     }
                 }
-                k.slots.retain(|_, s| s.admitted > 0 || s.held > 0);
+                k.slots.retain(|_, s| !s.is_empty());
                 if k.is_empty() {
                     Visit::Drop
                 } else {
@@ -695,11 +865,13 @@ impl Tree {
         let mut sums = Agg {
             members: 1,
             freeze: self.frozen_through,
+            vouch: self.since.unwrap_or(u64::MAX),
             entries: r.own.clone(),
         };
         for child in r.from_children.values() {
             sums.members += child.members;
             sums.freeze = sums.freeze.max(child.freeze);
+            sums.vouch = sums.vouch.min(child.vouch);
             for (e, s) in &child.entries {
                 sums.entries.entry(e.clone()).or_default().add(s);
             }
@@ -751,6 +923,7 @@ impl Tree {
                 view: self.view,
                 members: sums.members,
                 freeze: sums.freeze,
+                vouch: sums.vouch,
                 part: part as u32,
                 parts,
                 entries,
@@ -816,6 +989,16 @@ impl Tree {
         // this node may not have, if it was away) keeps everyone from granting where the
         // one that left may hold room.
         self.freeze(totals.freeze);
+        if self.start_freeze > 0 && totals.vouch <= self.vouch_bound {
+            self.start_freeze = 0;
+            self.stats.vouched = true;
+            self.publish_freeze();
+        }
+        self.since.get_or_insert(n);
+        if self.leaving.is_some() {
+            // It gave back all it held and admits nothing more: no grant.
+            return;
+        }
         let mut granted = 0;
         for ((rule, key, x), mine) in own {
             let Some(t) = totals.entries.get(&(rule.clone(), key.clone(), x)) else {
@@ -857,6 +1040,17 @@ impl Tree {
         let (up, sums) = match message {
             Message::TreeUp(s) => (true, s),
             Message::TreeDown(s) => (false, s),
+            Message::TreeHandoff(s) => return self.carry(peer, s),
+            Message::TreeCarried { from, round } => {
+                if from.node != peer {
+                    return Err(Reject::Impostor);
+                }
+                match self.leaving.as_mut() {
+                    Some(l) if l.carrier == from && l.from == round => l.carried = true,
+                    _ => self.stats.ignored += 1,
+                }
+                return Ok(Vec::new());
+            }
             // A new peer greets (so the transport authenticates it); nothing to do here.
             Message::Hello { from, .. } if from.node == peer => return Ok(Vec::new()),
             Message::Hello { .. } => return Err(Reject::Impostor),
@@ -944,6 +1138,200 @@ impl Tree {
     }
 }
 
+impl Tree {
+    /// Starts leaving on purpose (call it once nothing more is admitted here, after the
+    /// HTTP drain): gives back all this node holds, admits nothing more, and hands its
+    /// admissions in the open slots to the member after it in the view, which reports them
+    /// as its own from the round after next on. Returns the handoff to send; it is sent
+    /// again each round (from [`Tree::tick`]) until the carrier answers. Once
+    /// [`Tree::carried`] says so, the node can leave with a marker naming the carrier and
+    /// the round, and the members that see it go freeze nothing ([`Tree::handed_off`]).
+    /// Alone in its view it has nobody to hand to: nothing is sent, and those that see it
+    /// go freeze the open slots as after a crash.
+    pub fn leave(&mut self, now: Nanos) -> Vec<Output> {
+        if self.leaving.is_some() {
+            return Vec::new();
+        }
+        self.keys.leaving.store(true, Ordering::Relaxed);
+        let Some(carrier) = self.carrier() else {
+            return Vec::new();
+        };
+        let mut entries = Vec::new();
+        let mut released = 0;
+        for (rule, r) in &self.keys.rules {
+            let len = r.limit.period();
+            r.keys.visit_all(|key, k| {
+                k.slots.retain(|&x, _| (x + 1) * len > now);
+                for (&slot, s) in &mut k.slots {
+                    released += std::mem::take(&mut s.held);
+                    // Units carried for another leaving member are handed on too.
+                    let admitted = s.admitted + s.pending;
+                    if admitted > 0 {
+                        entries.push(TreeEntry {
+                            rule: rule.clone(),
+                            key: key.to_owned(),
+                            slot,
+                            admitted,
+                            held: 0,
+                            demand: 0,
+                            raw: 0,
+                            offset: 0,
+                        });
+                    }
+                }
+                Visit::Unlist
+            });
+        }
+        self.stats.released += released;
+        // Two rounds ahead: the carrier must take it before its boundary of that round.
+        let from = self.next_round + 2;
+        self.leaving = Some(Leaving {
+            carrier,
+            from,
+            entries,
+            carried: false,
+            sent_at: now,
+        });
+        self.send_handoff()
+    }
+
+    /// Once the carrier took this node's admissions ([`Tree::leave`]): the carrier, and the
+    /// round from which it reports them.
+    pub fn carried(&self) -> Option<(Actor, u64)> {
+        self.leaving
+            .as_ref()
+            .filter(|l| l.carried)
+            .map(|l| (l.carrier.clone(), l.from))
+    }
+
+    /// What this node hands over since [`Tree::leave`]: units per (rule, key, slot).
+    pub fn handing(&self) -> Vec<(EntryKey, u64)> {
+        self.leaving.as_ref().map_or_else(Vec::new, |l| {
+            l.entries
+                .iter()
+                .map(|e| ((e.rule.clone(), e.key.clone(), e.slot), e.admitted))
+                .collect()
+        })
+    }
+
+    /// The member after this one in the view (wrapping), if any.
+    fn carrier(&self) -> Option<Actor> {
+        let i = self.members.iter().position(|m| *m == self.me)?;
+        let len = self.members.len();
+        (len > 1).then(|| self.members[(i + 1) % len].clone())
+    }
+
+    fn send_handoff(&mut self) -> Vec<Output> {
+        let Some(l) = &self.leaving else {
+            return Vec::new();
+        };
+        let chunks = split_by(l.entries.clone(), PART_BYTES, |e| {
+            e.rule.len() + e.key.len() + 64
+        });
+        let Ok(parts) = u32::try_from(chunks.len()) else {
+            return Vec::new();
+        };
+        if parts > MAX_PARTS {
+            self.stats.oversized += 1;
+            return Vec::new();
+        }
+        let to = l.carrier.node.clone();
+        let round = l.from;
+        chunks
+            .into_iter()
+            .enumerate()
+            .map(|(part, entries)| {
+                let sums = TreeSums {
+                    from: self.me.clone(),
+                    round,
+                    view: self.view,
+                    members: 1,
+                    freeze: 0,
+                    vouch: u64::MAX,
+                    part: part as u32,
+                    parts,
+                    entries,
+                };
+                Output::To(to.clone(), Message::TreeHandoff(sums))
+            })
+            .collect()
+    }
+
+    /// A leaving member's handoff: once every part is in, its admissions are added to
+    /// this node's slots, reported from the handoff's round on, and the carrier answers.
+    /// Refused (no answer: the member leaves as after a crash) if this node is leaving too,
+    /// if its boundary of that round has passed, or if a key cannot be stored.
+    fn carry(&mut self, peer: &str, sums: TreeSums) -> Result<Vec<Output>, Reject> {
+        if sums.from.node != peer || peer == self.me.node {
+            return Err(Reject::Impostor);
+        }
+        if sums.parts == 0 || sums.parts > MAX_PARTS || sums.part >= sums.parts {
+            return Err(Reject::BadParts);
+        }
+        let (from, round) = (sums.from.clone(), sums.round);
+        let answer = vec![Output::To(
+            from.node.clone(),
+            Message::TreeCarried {
+                from: self.me.clone(),
+                round,
+            },
+        )];
+        if self.carrying.get(&from) == Some(&round) {
+            // Sent again: the answer was lost.
+            return Ok(answer);
+        }
+        // A round more than a few ahead is no handoff this node sent for (`leave` asks for
+        // two rounds ahead; clocks differ by milliseconds).
+        if self.leaving.is_some()
+            || round < self.next_round
+            || round > self.next_round.saturating_add(4)
+            || !self.members.contains(&from)
+        {
+            self.stats.ignored += 1;
+            return Ok(Vec::new());
+        }
+        let parts = self.handoff_parts.entry(peer.to_owned()).or_default();
+        let Some(agg) = gather(parts, sums) else {
+            return Ok(Vec::new());
+        };
+        self.handoff_parts.remove(peer);
+        let now = self.next_round * self.params.round;
+        let mut stored = true;
+        for ((rule, key, slot), e) in agg.entries {
+            let Some(r) = self.keys.rules.get(&rule) else {
+                continue;
+            };
+            // A closed slot needs no count.
+            if (slot + 1) * r.limit.period() <= now || e.admitted == 0 {
+                continue;
+            }
+            let added = r
+                .keys
+                .update(&key, now, KeyState::default, KeyState::is_empty, |k| {
+                    let s = k.slots.entry(slot).or_default();
+                    s.pending = s.pending.saturating_add(e.admitted);
+                    // Two handoffs with different rounds: reported from the earlier one (counted
+                    // twice for a round or two, never missing).
+                    s.pending_from = if s.pending == e.admitted {
+                        round
+                    } else {
+                        s.pending_from.min(round)
+                    };
+                });
+            stored &= added.is_ok();
+        }
+        if !stored {
+            // What was stored is reported as well as by the member, which keeps reporting
+            // all of it: counted twice, never missing.
+            self.stats.ignored += 1;
+            return Ok(Vec::new());
+        }
+        self.carrying.insert(from, round);
+        self.stats.carried += 1;
+        Ok(answer)
+    }
+}
+
 /// A fixed window's answer to `cost` from what this node holds in its slot `s`, with
 /// `total` the slot's admitted units in the last totals it received. Charges nothing.
 fn decision(limit: &Limit, total: Option<u64>, s: &Slot, cost: u64, now: Nanos) -> Decision {
@@ -992,7 +1380,9 @@ fn gather(parts: &mut Vec<Option<TreeSums>>, sums: TreeSums) -> Option<Agg> {
         parts.resize(count, None);
     }
     let first = parts.iter().flatten().next();
-    if first.is_some_and(|f| f.members != sums.members || f.freeze != sums.freeze) {
+    if first.is_some_and(|f| {
+        f.members != sums.members || f.freeze != sums.freeze || f.vouch != sums.vouch
+    }) {
         return None;
     }
     let part = sums.part as usize;
@@ -1004,6 +1394,7 @@ fn gather(parts: &mut Vec<Option<TreeSums>>, sums: TreeSums) -> Option<Agg> {
     let mut agg = Agg {
         members: parts[0].members,
         freeze: parts[0].freeze,
+        vouch: parts[0].vouch,
         entries: Entries::default(),
     };
     for e in parts.into_iter().flat_map(|p| p.entries) {

@@ -61,7 +61,19 @@ pub struct TreeSim {
     pub messages_sent: Vec<u64>,
     /// Units admitted per (rule, key, slot), over every node and incarnation.
     pub admitted: BTreeMap<(String, String, u64), u64>,
+    /// Units handed over by leaving nodes per (rule, key, slot): the leaving node and its
+    /// carrier may both report them for a round or two (an answer lost or late).
+    pub handed: BTreeMap<(String, String, u64), u64>,
+    /// Nodes leaving on purpose ([`TreeSim::leave`]), with when they give up waiting for
+    /// their carrier.
+    leaving: Vec<Option<Nanos>>,
+    /// Leaving markers: (who left, its carrier, the round from which the carrier reports).
+    handoffs: Vec<(Actor, Actor, u64)>,
+    handed_by: BTreeSet<Actor>,
 }
+
+/// How long a leaving node waits for its carrier's answer before leaving without one.
+pub const LEAVE_WAIT: Nanos = 500 * MILLISECOND;
 
 fn node_id(i: usize) -> String {
     format!("n{i}")
@@ -93,6 +105,10 @@ impl TreeSim {
             bytes_sent: vec![0; nodes],
             messages_sent: vec![0; nodes],
             admitted: BTreeMap::new(),
+            handed: BTreeMap::new(),
+            leaving: vec![None; nodes],
+            handoffs: Vec::new(),
+            handed_by: BTreeSet::new(),
         };
         for i in 0..nodes {
             let tree = sim.start(i);
@@ -157,6 +173,10 @@ impl TreeSim {
         let view = self.truth_view(i);
         let now = self.clock(i);
         if let Some(t) = self.nodes[i].as_mut() {
+            // The leaving markers reach a node with the leaves themselves.
+            for (left, carrier, from) in &self.handoffs {
+                t.handed_off(left.clone(), carrier.clone(), *from);
+            }
             t.set_members(&view, now);
         }
     }
@@ -177,9 +197,51 @@ impl TreeSim {
         }
     }
 
+    /// Node `i` leaves on purpose ([`Tree::leave`]): it hands its admissions to its carrier
+    /// and, once the carrier answers (or after [`LEAVE_WAIT`] without an answer), stops,
+    /// leaving a marker that names the carrier if it answered.
+    pub fn leave(&mut self, i: usize) {
+        if !self.running(i) || self.leaving[i].is_some() {
+            return;
+        }
+        let now = self.clock(i);
+        let out = self.nodes[i].as_mut().expect("running").leave(now);
+        self.leaving[i] = Some(self.now + LEAVE_WAIT);
+        self.send(i, out);
+    }
+
+    /// Whether node `i` is leaving and not gone yet.
+    pub fn is_leaving(&self, i: usize) -> bool {
+        self.leaving[i].is_some()
+    }
+
+    /// Leaving nodes whose carrier answered, or that waited long enough, stop.
+    fn finish_leaves(&mut self) {
+        for i in 0..self.nodes.len() {
+            let Some(until) = self.leaving[i] else {
+                continue;
+            };
+            let carried = self.nodes[i].as_ref().and_then(Tree::carried);
+            let round = self.params.round;
+            match carried {
+                // It stays until its carrier reports its admissions (the handoff's round),
+                // so that those who see it go see it go in a round the carrier reports.
+                Some((carrier, from)) if self.clock(i) >= from * round => {
+                    let me = Actor::new(node_id(i), self.generation[i]);
+                    self.handoffs.push((me, carrier, from));
+                }
+                _ if self.now < until && self.nodes[i].is_some() => continue,
+                _ => {}
+            }
+            self.leaving[i] = None;
+            self.crash(i);
+        }
+    }
+
     /// Restarts node `i` as a new generation (a crashed node; a running one is crashed
     /// first).
     pub fn restart(&mut self, i: usize) {
+        self.leaving[i] = None;
         self.nodes[i] = None;
         self.paused[i] = false;
         self.generation[i] += 1;
@@ -234,6 +296,16 @@ impl TreeSim {
             let Some(to) = to.strip_prefix('n').and_then(|s| s.parse::<usize>().ok()) else {
                 continue;
             };
+            if let wire::Message::TreeHandoff(h) = &message
+                && h.part == 0
+                && self.handed_by.insert(h.from.clone())
+            {
+                // The first time: what the leaving node hands over (every part of it).
+                let me = self.nodes[from].as_ref().expect("sending");
+                for ((rule, key, slot), units) in me.handing() {
+                    *self.handed.entry((rule, key, slot)).or_default() += units;
+                }
+            }
             let frame = Arc::new(wire::encode(&message).expect("a round's sums fit a frame"));
             self.bytes_sent[from] += frame.len() as u64;
             self.messages_sent[from] += 1;
@@ -264,6 +336,7 @@ impl TreeSim {
     }
 
     fn step(&mut self) {
+        self.finish_leaves();
         while let Some(entry) = self.queue.first_entry() {
             if entry.key().0 > self.now {
                 break;
@@ -276,7 +349,10 @@ impl TreeSim {
                 continue;
             };
             let from = match &message {
-                wire::Message::TreeUp(s) | wire::Message::TreeDown(s) => s.from.node.clone(),
+                wire::Message::TreeUp(s)
+                | wire::Message::TreeDown(s)
+                | wire::Message::TreeHandoff(s) => s.from.node.clone(),
+                wire::Message::TreeCarried { from, .. } => from.node.clone(),
                 _ => continue,
             };
             let tree = self.nodes[to].as_mut().expect("running");
@@ -542,7 +618,7 @@ pub fn run(setup: &TreeSetup) -> TreeOutcome {
         if t < FAULTS_UNTIL && sim.now >= next_fault {
             next_fault = sim.now + sim.between(100, 801) * MS;
             let i = sim.between(0, n as u64) as usize;
-            let what = match sim.random() % 9 {
+            let what = match sim.random() % 11 {
                 0 => {
                     sim.net.loss = sim.between(0, 301);
                     format!("loss {}‰", sim.net.loss)
@@ -582,6 +658,22 @@ pub fn run(setup: &TreeSetup) -> TreeOutcome {
                     let back = sim.now + sim.between(300, 1501) * MS;
                     restarts.push((back, i));
                     format!("crash n{i}")
+                }
+                9 => {
+                    // Every node at once (a power cut, a botched deploy): nobody left saw
+                    // the rounds that granted the old incarnations room.
+                    for j in 0..n {
+                        sim.crash(j);
+                        let back = sim.now + sim.between(300, 1501) * MS;
+                        restarts.push((back, j));
+                    }
+                    "crash all".to_owned()
+                }
+                8 if sim.running(i) && !sim.is_leaving(i) => {
+                    sim.leave(i);
+                    let back = sim.now + sim.between(300, 1501) * MS;
+                    restarts.push((back, i));
+                    format!("leave n{i}")
                 }
                 7 if sim.running(i) => {
                     sim.pause(i, true);
@@ -691,9 +783,16 @@ pub fn run(setup: &TreeSetup) -> TreeOutcome {
                     ms_of(&sim)
                 ));
             }
+            // A leaving node and its carrier may both report what it handed over for a
+            // round or two: counted twice, never missing.
+            let handed = sim
+                .handed
+                .get(&(rule.clone(), key.clone(), *slot))
+                .copied()
+                .unwrap_or(0);
             for i in 0..n {
                 if let Some(total) = sim.node(i).and_then(|t| t.known_total(rule, key, *slot))
-                    && total > admitted
+                    && total > admitted + handed
                     && out.violations.len() < 10
                 {
                     out.violations.push(format!(

@@ -1,6 +1,6 @@
 //! The aggregation tree: its shape, its grants, its refusals, and the simulation's seeds.
 
-use super::sim::{TreeSetup, TreeSim, run, scale};
+use super::sim::{LEAVE_WAIT, TreeSetup, TreeSim, run, scale};
 use super::*;
 use crate::cluster::sim::START;
 use crate::limiter::SECOND;
@@ -281,6 +281,7 @@ fn messages_from_the_wrong_place_change_nothing() {
         view,
         members,
         freeze: 0,
+        vouch: u64::MAX,
         part: 0,
         parts: 1,
         entries: vec![TreeEntry {
@@ -395,6 +396,7 @@ fn sums_larger_than_a_frame_go_in_parts() {
         view: 0,
         members: 1,
         freeze: 0,
+        vouch: u64::MAX,
         part: 2,
         parts: 2,
         entries: Vec::new(),
@@ -516,4 +518,261 @@ fn a_check_in_a_frozen_slot_is_told_to_retry_when_it_ends() {
             retry_after: SECOND - 10 * MS
         }
     );
+}
+
+/// Checks `key` at node `i` once a millisecond for `ms` milliseconds.
+fn hammer(sim: &mut TreeSim, nodes: &[usize], key: &str, ms: u64) {
+    for t in 0..ms {
+        sim.advance(MS);
+        sim.check(nodes[t as usize % nodes.len()], "w", key, 1);
+    }
+}
+
+/// Units admitted of `key` in `slot` (counted from the simulation's start).
+fn admitted_of(sim: &TreeSim, key: &str, slot: u64) -> u64 {
+    sim.admitted
+        .get(&("w".to_owned(), key.to_owned(), START / SECOND + slot))
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Node 2 admits 40 of a window of 100 and leaves, then nodes 0 and 1 want the rest of the
+/// window. Left on purpose (its carrier takes its 40), nothing freezes: the window admits
+/// exactly 100. Crashed, the window is frozen: the others hold nothing of the key, so it
+/// stays at 40 until it ends. The same when the carrier never answers (the leaving node
+/// gives up and leaves as after a crash).
+#[test]
+fn a_node_that_leaves_on_purpose_hands_over_its_count_and_freezes_nothing() {
+    let run = |how: &str| {
+        let mut sim = TreeSim::new(3, window(100), TreeParams::default(), 21);
+        sim.view_lag = (50 * MS, 50 * MS);
+        sim.advance(2 * SECOND);
+        // Slot 2: node 2 alone checks the key, 40 times.
+        let mut n = 0;
+        while n < 40 {
+            sim.advance(MS);
+            if sim.check(2, "w", "k", 1) {
+                n += 1;
+            }
+        }
+        assert!(sim.clock(2) < START + 2 * SECOND + 300 * MS);
+        sim.advance(300 * MS - (sim.now - START - 2 * SECOND));
+        match how {
+            "leave" => sim.leave(2),
+            "unanswered" => {
+                sim.net.loss = 1000;
+                sim.leave(2);
+            }
+            _ => sim.crash(2),
+        }
+        sim.advance(LEAVE_WAIT + 50 * MS);
+        sim.net.loss = 0;
+        assert!(sim.node(2).is_none(), "{how}: node 2 is gone");
+        hammer(&mut sim, &[0, 1], "k", 1000 - 300 - 550 - 1);
+        let stats = sim.node(0).expect("up").stats().clone();
+        (admitted_of(&sim, "k", 2), stats)
+    };
+    let (left, stats) = run("leave");
+    assert_eq!(left, 100, "{stats:?}");
+    assert_eq!(stats.left_carried, 1, "{stats:?}");
+    let (crashed, _) = run("crash");
+    assert_eq!(crashed, 40);
+    let (unanswered, stats) = run("unanswered");
+    assert_eq!(unanswered, 40, "{stats:?}");
+    assert_eq!(stats.left_carried, 0);
+}
+
+/// A node restarted after leaving on purpose finds members that saw every round since
+/// before its slot opened: its start freeze is lifted at its first complete round, and it
+/// admits a new key within the slot it started in. The window still admits no more than
+/// its limit. Restarted after a crash, the survivors froze the slot.
+#[test]
+fn a_node_back_after_leaving_on_purpose_serves_the_slot_it_started_in() {
+    let mut sim = TreeSim::new(3, window(100), TreeParams::default(), 23);
+    sim.view_lag = (50 * MS, 50 * MS);
+    sim.advance(2 * SECOND);
+    hammer(&mut sim, &[0, 1, 2], "k", 30);
+    sim.leave(2);
+    // It stays until the round from which its carrier reports its admissions.
+    sim.advance(250 * MS);
+    assert!(sim.node(2).is_some());
+    sim.advance(150 * MS);
+    assert!(sim.node(2).is_none());
+    sim.restart(2);
+    assert!(!sim.node(2).expect("up").stats().vouched);
+    let started = sim.clock(2) / SECOND;
+    let mut first = None;
+    for _ in 0..600 {
+        sim.advance(MS);
+        if sim.check(2, "w", "new", 1) && first.is_none() {
+            first = Some(sim.clock(2) / SECOND);
+        }
+        sim.check(0, "w", "k", 1);
+        sim.check(2, "w", "k", 1);
+    }
+    assert!(sim.node(2).expect("up").stats().vouched);
+    assert_eq!(first, Some(started), "admitted in the slot it started in");
+    assert!(admitted_of(&sim, "k", 2) <= 100);
+    assert!(admitted_of(&sim, "new", 2) <= 100);
+}
+
+/// When every node restarts at once, nobody saw the rounds that granted the previous
+/// incarnations room: no start freeze is lifted, and nothing is admitted in the slots they
+/// started in.
+#[test]
+fn a_cluster_restarted_whole_waits_out_the_slot_it_started_in() {
+    let mut sim = TreeSim::new(3, window(100), TreeParams::default(), 25);
+    sim.view_lag = (50 * MS, 50 * MS);
+    sim.advance(SECOND + 500 * MS);
+    hammer(&mut sim, &[0, 1, 2], "k", 550);
+    let before = admitted_of(&sim, "k", 2);
+    assert!(before > 0);
+    for i in 0..3 {
+        sim.restart(i);
+    }
+    // Started in slot 2 at +2.05 s; slot 3 opens at +3 s.
+    hammer(&mut sim, &[0, 1, 2], "k", 949);
+    for i in 0..3 {
+        assert!(!sim.node(i).expect("up").stats().vouched);
+    }
+    assert_eq!(
+        admitted_of(&sim, "k", 2),
+        before,
+        "only what was admitted before the restart"
+    );
+    hammer(&mut sim, &[0, 1, 2], "k", 500);
+    assert!(admitted_of(&sim, "k", 3) > 0, "serves the next slot");
+}
+
+/// A carrier takes a handoff once, answers it every time it is sent (its answer may have
+/// been lost), and refuses one from a peer that is not in its view, one that names
+/// another sender, and one whose round it already passed.
+#[test]
+fn a_carrier_takes_a_handoff_once_and_refuses_bad_ones() {
+    let members: Vec<Actor> = (0..3).map(|i| Actor::new(format!("n{i}"), 1)).collect();
+    let mut t =
+        Tree::new(members[0].clone(), window(100), TreeParams::default(), 0).expect("valid");
+    t.set_members(&members, 0);
+    let handoff = |from: &Actor, round: u64| {
+        Message::TreeHandoff(TreeSums {
+            from: from.clone(),
+            round,
+            view: 0,
+            members: 1,
+            freeze: 0,
+            vouch: u64::MAX,
+            part: 0,
+            parts: 1,
+            entries: vec![TreeEntry {
+                rule: "w".to_owned(),
+                key: "k".to_owned(),
+                slot: 0,
+                admitted: 7,
+                held: 0,
+                demand: 0,
+                raw: 0,
+                offset: 0,
+            }],
+        })
+    };
+    let answer = Output::To(
+        "n1".to_owned(),
+        Message::TreeCarried {
+            from: members[0].clone(),
+            round: 3,
+        },
+    );
+    assert_eq!(
+        t.receive("n1", handoff(&members[1], 3)),
+        Ok(vec![answer.clone()])
+    );
+    assert_eq!(t.receive("n1", handoff(&members[1], 3)), Ok(vec![answer]));
+    assert_eq!(t.stats().carried, 1);
+    assert_eq!(
+        t.receive("n2", handoff(&members[1], 3)),
+        Err(Reject::Impostor)
+    );
+    let stranger = Actor::new("n9", 1);
+    assert_eq!(t.receive("n9", handoff(&stranger, 3)), Ok(Vec::new()));
+    // Rounds 1 and 2 pass: round 2's handoff comes too late for this node to report it
+    // from that round.
+    let _ = t.tick(250 * MS);
+    assert_eq!(t.receive("n2", handoff(&members[2], 2)), Ok(Vec::new()));
+    assert_eq!(t.stats().carried, 1);
+    // The 7 units are this node's own from round 3: in its sums, once.
+    let out = t.tick(300 * MS);
+    let reported: Vec<u64> = out
+        .iter()
+        .filter_map(|o| match o {
+            Output::To(_, Message::TreeUp(s)) => Some(s.entries.iter().map(|e| e.admitted).sum()),
+            _ => None,
+        })
+        .collect();
+    assert!(reported.iter().all(|&a| a == 7), "{reported:?}");
+}
+
+/// A leaving node admits nothing more, gives back what it holds, and once its carrier
+/// answered it reports none of its admissions from the handoff's round on.
+#[test]
+fn a_leaving_node_admits_nothing_and_stops_reporting_once_carried() {
+    let members: Vec<Actor> = (0..2).map(|i| Actor::new(format!("n{i}"), 1)).collect();
+    let mut t =
+        Tree::new(members[0].clone(), window(100), TreeParams::default(), 0).expect("valid");
+    t.set_members(&members, 0);
+    let out = t.leave(10 * MS);
+    assert!(matches!(
+        out.as_slice(),
+        [Output::To(to, Message::TreeHandoff(h))] if to == "n1" && h.round == 3
+    ));
+    assert!(
+        !t.keys()
+            .decide("w", "k", 1, 20 * MS)
+            .unwrap()
+            .unwrap()
+            .allowed()
+    );
+    assert_eq!(t.carried(), None);
+    // Not answered: sent again a round later.
+    assert!(
+        t.tick(110 * MS)
+            .iter()
+            .any(|o| matches!(o, Output::To(_, Message::TreeHandoff(_))))
+    );
+    t.receive(
+        "n1",
+        Message::TreeCarried {
+            from: members[1].clone(),
+            round: 3,
+        },
+    )
+    .expect("an answer");
+    assert_eq!(t.carried(), Some((members[1].clone(), 3)));
+    assert!(
+        t.tick(210 * MS)
+            .iter()
+            .all(|o| !matches!(o, Output::To(_, Message::TreeHandoff(_))))
+    );
+}
+
+/// A member that leaves the view freezes nothing only if its carrier is still in the view
+/// and reports its admissions in every round of the new view; otherwise the open slots
+/// freeze as after a crash.
+#[test]
+fn a_handoff_spares_the_freeze_only_when_the_carrier_reports_every_new_round() {
+    let members: Vec<Actor> = (0..3).map(|i| Actor::new(format!("n{i}"), 1)).collect();
+    let left_carried = |carrier: usize, from: u64| {
+        let mut t =
+            Tree::new(members[0].clone(), window(100), TreeParams::default(), 0).expect("valid");
+        t.set_members(&members, 0);
+        t.handed_off(members[2].clone(), members[carrier].clone(), from);
+        // At 0.25 s the new view's first round is round 3.
+        t.set_members(&members[..2], 250 * MS);
+        t.stats().left_carried
+    };
+    assert_eq!(left_carried(1, 3), 1);
+    assert_eq!(left_carried(0, 2), 1);
+    // The carrier reports them from round 4: round 3 would count them nowhere.
+    assert_eq!(left_carried(1, 4), 0);
+    // The carrier left too.
+    assert_eq!(left_carried(2, 3), 0);
 }
