@@ -100,7 +100,9 @@ const KEY_QUIC_ADDR: &str = "gossamer.quic_addr";
 const KEY_VERSION: &str = "gossamer.version";
 const KEY_RULES_HASH: &str = "gossamer.rules_hash";
 /// Present on a node that is leaving on purpose: `through N` when its round frames from
-/// round N on carry every admission it made, any other value when it cannot say.
+/// round N on carry every admission it made; over the aggregation tree, `carried N G ID`
+/// when member ID (generation G) reports its admissions from round N on; any other value
+/// when it cannot say.
 const KEY_LEAVING: &str = "gossamer.leaving";
 
 /// How to run this node's membership.
@@ -170,12 +172,47 @@ pub struct Member {
     /// With `leaving`: the round from which its frames carry every admission it made (the
     /// value of its leaving marker), if it said.
     pub published_through: Option<u64>,
+    /// With `leaving`, over the aggregation tree: the member that took its admissions, if it
+    /// said ([`Membership::leave_carried`]).
+    pub carried: Option<Carried>,
     /// How long ago this node last saw the member's heartbeat grow (counted from when the
     /// member was first seen, and as of the last refresh, so up to one gossip interval
     /// stale). `None` before any heartbeat was heard.
     pub last_seen: Option<Duration>,
     /// Whether this is the node that produced the list.
     pub is_self: bool,
+}
+
+/// A leaving member's admissions, taken over by another member (the aggregation tree's
+/// handoff): the carrier reports them as its own from round `from` on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carried {
+    /// The carrier's node id.
+    pub node_id: String,
+    /// The carrier's generation.
+    pub generation: u64,
+    /// The round from which the carrier reports them.
+    pub from: u64,
+}
+
+impl Carried {
+    /// The leaving marker's value: `carried FROM GENERATION NODE_ID`.
+    fn marker(&self) -> String {
+        format!("carried {} {} {}", self.from, self.generation, self.node_id)
+    }
+
+    /// Reads a marker written by [`Carried::marker`].
+    fn parse(marker: &str) -> Option<Carried> {
+        let mut fields = marker.strip_prefix("carried ")?.splitn(3, ' ');
+        let from = fields.next()?.parse().ok()?;
+        let generation = fields.next()?.parse().ok()?;
+        let node_id = fields.next().filter(|id| !id.is_empty())?.to_owned();
+        Some(Carried {
+            node_id,
+            generation,
+            from,
+        })
+    }
 }
 
 /// Why membership could not start or stop.
@@ -265,6 +302,7 @@ struct Observed {
     meta: Option<NodeMeta>,
     leaving: bool,
     published_through: Option<u64>,
+    carried: Option<Carried>,
     /// Alive according to chitchat's failure detector.
     detector_alive: bool,
 }
@@ -487,10 +525,21 @@ impl Membership {
     /// `published_through`, the round from which this node's frames hold all it admitted.
     pub async fn leave(self, published_through: Option<u64>) -> Result<(), MembershipError> {
         let marker = published_through.map_or_else(|| "1".to_owned(), |r| format!("through {r}"));
+        self.leave_marked(&marker).await
+    }
+
+    /// Leaves on purpose as [`Membership::leave`] does, with a marker naming the member that
+    /// took this node's admissions over the aggregation tree: peers that see the marker
+    /// freeze nothing when this node leaves their view.
+    pub async fn leave_carried(self, carried: &Carried) -> Result<(), MembershipError> {
+        self.leave_marked(&carried.marker()).await
+    }
+
+    async fn leave_marked(self, marker: &str) -> Result<(), MembershipError> {
         let peers = self
             .chitchat
             .with_chitchat(|chitchat| {
-                chitchat.self_node_state().set(KEY_LEAVING, &marker);
+                chitchat.self_node_state().set(KEY_LEAVING, marker);
                 peer_addrs(chitchat)
             })
             .await;
@@ -574,6 +623,7 @@ impl Tracker {
                     alive: is_self || (o.detector_alive && !o.leaving && !superseded),
                     leaving: o.leaving,
                     published_through: o.published_through,
+                    carried: o.carried.clone(),
                     last_seen,
                     is_self,
                 }
@@ -699,6 +749,7 @@ fn observed(id: &ChitchatId, state: &NodeState, detector_alive: bool) -> Observe
             .get(KEY_LEAVING)
             .and_then(|v| v.strip_prefix("through "))
             .and_then(|r| r.parse().ok()),
+        carried: state.get(KEY_LEAVING).and_then(Carried::parse),
         detector_alive,
     }
 }

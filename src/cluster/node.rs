@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use super::Exchange;
 use super::global::{Global, MemberInfo, Output, Reject};
-use super::membership::{Member, Membership, MembershipConfig, MetaPublisher, NodeMeta};
+use super::membership::{Carried, Member, Membership, MembershipConfig, MetaPublisher, NodeMeta};
 use super::quic::{Inbound, QuicTransport};
 use super::tls::Security;
 use super::tree::Tree;
@@ -111,6 +111,9 @@ pub struct Cluster {
     counts: Arc<Mutex<Counts>>,
     tasks: Vec<JoinHandle<()>>,
     meta: MetaPublisher,
+    /// For the tree's handoff on shutdown.
+    sender: Sender,
+    clock: Arc<dyn Clock>,
     /// Last, so it is dropped after everything that runs on it.
     _runtime: ClusterRuntime,
 }
@@ -239,8 +242,8 @@ impl Cluster {
             Exchange::Mesh(global) => {
                 tasks.push(tokio::spawn(rounds(
                     global.clone(),
-                    clock,
-                    sender,
+                    clock.clone(),
+                    sender.clone(),
                     c.round_nice,
                 )));
                 tasks.push(tokio::spawn(join(
@@ -253,8 +256,8 @@ impl Cluster {
             Exchange::Tree(tree, _) => {
                 tasks.push(tokio::spawn(tree_rounds(
                     tree.clone(),
-                    clock,
-                    sender,
+                    clock.clone(),
+                    sender.clone(),
                     c.round_nice,
                 )));
             }
@@ -266,6 +269,8 @@ impl Cluster {
             addrs,
             counts,
             tasks,
+            sender,
+            clock,
         })
     }
 
@@ -427,12 +432,14 @@ impl Cluster {
     /// published, then leaves. (Leaving first and draining after would admit against a
     /// lease no round publishes: counts lost, seen in `tests/chaos.rs`.)
     ///
-    /// Over the tree there is nothing to publish: a member's admissions are in every round's
-    /// sums, and the members left freeze the slots it may hold room in when it leaves.
+    /// Over the tree, it hands its admissions in the open windows to a member that reports
+    /// them as its own ([`Tree::leave`]), and leaves with a marker naming it: the members
+    /// left freeze nothing. If no member takes them in time, it leaves without, and the
+    /// members left freeze the windows it may hold room in, as after a crash.
     pub async fn shutdown(&self) {
-        let published_through = match &self.exchange {
-            Exchange::Mesh(global) => Self::publish_last(global).await,
-            Exchange::Tree(..) => None,
+        let (published_through, carried) = match &self.exchange {
+            Exchange::Mesh(global) => (Self::publish_last(global).await, None),
+            Exchange::Tree(tree, _) => (None, self.hand_off(tree).await),
         };
         for t in &self.tasks {
             t.abort();
@@ -442,13 +449,60 @@ impl Cluster {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take();
-        if let Some(m) = membership
-            && let Err(e) = m.leave(published_through).await
-        {
-            debug!(error = %e, "leaving the cluster");
+        if let Some(m) = membership {
+            let left = match &carried {
+                Some(c) => m.leave_carried(c).await,
+                None => m.leave(published_through).await,
+            };
+            if let Err(e) = left {
+                debug!(error = %e, "leaving the cluster");
+            }
         }
         self.transport.clone().shutdown().await;
         self.addrs.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// The tree's handoff: gives back all this node holds, sends its admissions to its
+    /// carrier, and waits (up to eight rounds) until the carrier answered and the round from
+    /// which it reports them has begun, so that members that see this node go see it go in
+    /// a round the carrier reports. The round task resends the handoff meanwhile.
+    async fn hand_off(&self, tree: &Arc<Mutex<Tree>>) -> Option<Carried> {
+        let (out, round) = {
+            let mut t = super::lock(tree);
+            (t.leave(self.clock.now()), t.params().round)
+        };
+        if out.is_empty() {
+            info!("alone in the tree's view: nobody to hand this node's admissions to");
+            return None;
+        }
+        self.sender.send(out);
+        let carried = async {
+            loop {
+                let carried = super::lock(tree).carried();
+                if let Some((carrier, from)) = carried
+                    && self.clock.now() >= from.saturating_mul(round)
+                {
+                    return Carried {
+                        node_id: carrier.node,
+                        generation: carrier.generation,
+                        from,
+                    };
+                }
+                self.clock.sleep(round / 10).await;
+            }
+        };
+        match tokio::time::timeout(Duration::from_nanos(round) * 8, carried).await {
+            Ok(c) => {
+                info!(carrier = %c.node_id, from_round = c.from, "handed this node's admissions over: the members left freeze nothing");
+                Some(c)
+            }
+            Err(_) => {
+                warn!(
+                    "no member took this node's admissions in time: the members left freeze the open windows"
+                );
+                None
+            }
+        }
     }
 
     /// Waits (up to three rounds) for the next round's frame to go out: the round whose
@@ -616,6 +670,26 @@ fn tree_metrics(tree: &Tree, out: &mut String) {
         "Rounds whose sums needed more than 64 parts, not sent (the round is short).",
         &[("", stats.oversized)],
     );
+    family(
+        out,
+        "gossamer_cluster_tree_handoffs_total",
+        "counter",
+        "Handoffs of members that left on purpose: taken (this node reports a leaving \
+         member's admissions as its own), and members that left this node's view with theirs \
+         carried (nothing frozen).",
+        &[
+            ("what=\"taken\"", stats.carried),
+            ("what=\"left_carried\"", stats.left_carried),
+        ],
+    );
+    family(
+        out,
+        "gossamer_cluster_tree_start_frozen",
+        "gauge",
+        "1 while this node's start freeze holds (no member seen yet that applied every round \
+         since before the open windows began: it grants itself nothing there), else 0.",
+        &[("", u64::from(tree.start_frozen()))],
+    );
 }
 
 /// A started cluster, before it holds its runtime.
@@ -626,6 +700,8 @@ struct Parts {
     addrs: Arc<Mutex<HashMap<String, SocketAddr>>>,
     counts: Arc<Mutex<Counts>>,
     tasks: Vec<JoinHandle<()>>,
+    sender: Sender,
+    clock: Arc<dyn Clock>,
 }
 
 impl Parts {
@@ -639,6 +715,8 @@ impl Parts {
             addrs: self.addrs,
             counts: self.counts,
             tasks: self.tasks,
+            sender: self.sender,
+            clock: self.clock,
             _runtime: runtime,
         }
     }
@@ -1014,6 +1092,21 @@ async fn members(
     let mut greeted: HashSet<(String, u64)> = HashSet::new();
     loop {
         let list = watch.borrow_and_update().clone();
+        // Over the tree: members that left with their admissions handed to another. Read
+        // before the newest generation of each node id wins below: a node restarted after
+        // leaving shows up with its new generation beside the old one's marker.
+        let handoffs: Vec<(Actor, Actor, u64)> = list
+            .iter()
+            .filter(|m| m.leaving && !m.is_self)
+            .filter_map(|m| {
+                let c = m.carried.as_ref()?;
+                Some((
+                    Actor::new(m.node_id.clone(), m.generation),
+                    Actor::new(c.node_id.clone(), c.generation),
+                    c.from,
+                ))
+            })
+            .collect();
         let mut infos = Vec::new();
         let mut greetings = Vec::new();
         let mut unheard = 0;
@@ -1086,16 +1179,29 @@ async fn members(
                 }
                 if joined {
                     let mut tree = super::lock(tree);
+                    for (left, carrier, from) in handoffs {
+                        tree.handed_off(left, carrier, from);
+                    }
                     let before = tree.members().len();
+                    let carried_before = tree.stats().left_carried;
                     let lost = tree.set_members(&view, clock.now());
+                    let carried = tree.stats().left_carried > carried_before;
                     drop(tree);
                     if !lost.is_empty() {
                         let lost: Vec<&str> = lost.iter().map(|m| m.node.as_str()).collect();
-                        warn!(
-                            ?lost,
-                            members = view.len(),
-                            "members left the tree's view: the open windows are frozen (each node spends only the room it holds) until they end"
-                        );
+                        if carried {
+                            info!(
+                                ?lost,
+                                members = view.len(),
+                                "members left the tree's view with their admissions carried by members still in it: nothing frozen"
+                            );
+                        } else {
+                            warn!(
+                                ?lost,
+                                members = view.len(),
+                                "members left the tree's view: the open windows are frozen (each node spends only the room it holds) until they end"
+                            );
+                        }
                     } else if view.len() != before {
                         info!(members = view.len(), "the tree's view grew");
                     }

@@ -518,6 +518,16 @@ impl Tree {
         Ok(tree)
     }
 
+    /// Whether this node's start freeze still holds ([`Tree::vouch_bound`]).
+    pub fn start_frozen(&self) -> bool {
+        self.start_freeze > 0
+    }
+
+    /// How the tree runs.
+    pub fn params(&self) -> &TreeParams {
+        &self.params
+    }
+
     /// What the tree did so far.
     pub fn stats(&self) -> &TreeStats {
         &self.stats
@@ -741,6 +751,15 @@ impl Tree {
         self.carrying.retain(|_, r| *r + 8 > n);
         let start = n * self.params.round;
         let next_start = start + self.params.round;
+        // A start freeze whose slots have all ended has nothing left to hold.
+        let longest = self.keys.rules.values().map(|r| r.limit.period()).max();
+        if self.start_freeze > 0
+            && longest
+                .is_none_or(|len| !frozen(self.start_freeze, self.params.round, start / len, len))
+        {
+            self.start_freeze = 0;
+            self.publish_freeze();
+        }
         let mut own = Entries::default();
         let (frozen_through, round) = (self.frozen_until(), self.params.round);
         let members = self.members.len().max(1) as u64;

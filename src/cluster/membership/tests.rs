@@ -28,6 +28,7 @@ fn seen(id: ChitchatId, heartbeat: u64, hash: Option<&str>, alive: bool) -> Obse
         meta: hash.map(meta),
         leaving: false,
         published_through: None,
+        carried: None,
         detector_alive: alive,
     }
 }
@@ -294,4 +295,26 @@ fn the_failure_detector_prior_is_the_gossip_interval() {
         chitchat.failure_detector_config.dead_node_grace_period,
         DEFAULT_DEAD_NODE_GRACE_PERIOD
     );
+}
+
+/// The tree's leaving marker names the carrier (a node id may hold spaces) and the round;
+/// anything else names none.
+#[test]
+fn a_carried_marker_reads_back_and_nothing_else_reads_as_one() {
+    let carried = Carried {
+        node_id: "node a".to_owned(),
+        generation: 1_700_000_000_123,
+        from: 17_000_000_042,
+    };
+    assert_eq!(Carried::parse(&carried.marker()), Some(carried));
+    for other in [
+        "1",
+        "through 42",
+        "carried",
+        "carried 1 2",
+        "carried 1 2 ",
+        "carried x 2 a",
+    ] {
+        assert_eq!(Carried::parse(other), None, "{other:?}");
+    }
 }
