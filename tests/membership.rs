@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chitchat::transport::ChannelTransport;
 use chitchat::{ChitchatConfig, ChitchatId, FailureDetectorConfig, ProtocolVersion};
-use gossamer::cluster::membership::{Member, Membership, MembershipConfig, NodeMeta};
+use gossamer::cluster::membership::{Carried, Member, Membership, MembershipConfig, NodeMeta};
 use tokio::time::{Instant, sleep, timeout};
 
 const CLUSTER: &str = "test-cluster";
@@ -228,6 +228,34 @@ async fn a_leaving_node_is_reported_dead_within_a_round_or_two() {
     );
     leaving.await.unwrap().unwrap();
     assert!(watch_a.has_changed().unwrap(), "the watch was told");
+    a.shutdown().await.unwrap();
+    b.shutdown().await.unwrap();
+}
+
+/// Over the aggregation tree a leaving node names the member that took its admissions: the
+/// others read the carrier and the round from its marker, and it is dead at once.
+#[tokio::test(start_paused = true)]
+async fn a_node_leaving_with_its_count_carried_names_the_carrier() {
+    let transport = ChannelTransport::default();
+    let [a, b, c] = three_node_cluster(&transport).await;
+    let carried = Carried {
+        node_id: "a".to_owned(),
+        generation: 1,
+        from: 17_000_000_042,
+    };
+    let leaving = tokio::spawn({
+        let carried = carried.clone();
+        async move { c.leave_carried(&carried).await }
+    });
+    wait_until(&b, Duration::from_millis(500), "b sees c gone", |v| {
+        dead(v, "c")
+    })
+    .await;
+    let c_at_b = newest(&b.members(), "c").cloned().expect("b knows c");
+    assert!(c_at_b.leaving && !c_at_b.alive);
+    assert_eq!(c_at_b.carried, Some(carried));
+    assert_eq!(c_at_b.published_through, None);
+    leaving.await.unwrap().unwrap();
     a.shutdown().await.unwrap();
     b.shutdown().await.unwrap();
 }

@@ -472,7 +472,7 @@ impl Cluster {
             (t.leave(self.clock.now()), t.params().round)
         };
         if out.is_empty() {
-            info!("alone in the tree's view: nobody to hand this node's admissions to");
+            info!("nobody to hand this node's admissions to (alone in the tree's view)");
             return None;
         }
         self.sender.send(out);

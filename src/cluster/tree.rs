@@ -24,13 +24,23 @@
 //!   is its round-`n` snapshot plus at most its round-`n` grant: the sum stays within
 //!   `C`.
 //! - A member leaving the view (crash, restart as a new generation, cut off) takes its
-//!   charge out of the sums. A node whose view loses a member, or that starts, or that finds
-//!   three or more boundaries due at once (it was stopped, and members may have come and
-//!   gone unseen), therefore grants nothing more in any slot up to the one after its next
-//!   round's boundary: a member could only have been granted room in slots up to that one.
-//!   Those slots are served from what each node holds; later slots start from zero charge
+//!   charge out of the sums. A node whose view loses a member, or that finds three or more
+//!   boundaries due at once (it was stopped, and members may have come and gone unseen),
+//!   therefore grants nothing more in any slot up to the one after its next round's
+//!   boundary: a member could only have been granted room in slots up to that one. Those
+//!   slots are served from what each node holds; later slots start from zero charge
 //!   everywhere. The highest freeze of every member is in a round's totals, and every node
 //!   takes it up before granting.
+//! - Except when the member left on purpose ([`Tree::leave`]): it gave back all it held
+//!   and handed its admissions to a *carrier*, which reports them as its own from a round
+//!   named in the handoff. A member that loses it while the carrier is in its view, and
+//!   whose new view's rounds are all from that round on, has nothing uncounted to freeze
+//!   for ([`Tree::handed_off`]).
+//! - A starting node freezes the same slots for itself (its previous incarnation may hold
+//!   room there), but only until a complete round shows a member that has applied every
+//!   round since before the slot opened ([`Tree::vouch_bound`]): that member saw any
+//!   incarnation that held room there leave, and froze (or was handed its count), and its
+//!   freeze is in the same totals.
 //! - Across a partition, each side's view holds its own members and each allots the whole
 //!   limit in slots after its freeze: at most `sides × C` per slot, the bound of
 //!   `on_partition = "split"` (design §5). When the sides merge, the totals include both
@@ -40,8 +50,9 @@
 //! never complete a round together. Sums larger than a frame go in parts.
 //!
 //! What the full mesh has that this does not (yet): sliding windows and buckets, starters
-//! (a key's first check at a node waits for a round's grant), `hold` across partitions,
-//! and counts readable by every node (a node sees totals only for keys it reported).
+//! (a key's first check at a node waits for a round's grant), ghosts of crashed members
+//! (a crash freezes the open slots until they end), `hold` across partitions, and counts
+//! readable by every node (a node sees totals only for keys it reported).
 //! A node runs it with `[cluster] exchange = "tree"` (`Engine::clustered_tree`, and the
 //! round task of `cluster::node`); the simulation (`tree::sim`, `gossamer sim --tree`) runs
 //! it on virtual time.

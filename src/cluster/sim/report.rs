@@ -583,7 +583,8 @@ fn tree_section(threads: usize, large: bool) -> (String, Vec<ScalePoint>) {
          times it per 3 s), clock offsets of up to ±5 ms, and a fault every 0.1–0.8 s from \
          1 s to 5 s: loss (0–30%), duplication (0–20%), delay (1–10 ms plus 0–30 ms jitter), \
          a partition into two sides, heal, crash (restart 0.3–1.5 s later as a new \
-         generation), pause (0.2–2 s). Each node's view follows who is up 0.2–0.6 s after a \
+         generation), a leave on purpose (the node hands its admissions to its carrier; \
+         restart 0.3–1.5 s later), every node crashing at once, pause (0.2–2 s). Each node's view follows who is up 0.2–0.6 s after a \
          change. Load: three keys of each rule at twice their limits. Checked every \
          millisecond: no slot admits more than its limit times the sides of a partition \
          around it (`split`'s bound; the tree has no `hold`); no node's totals count more than \

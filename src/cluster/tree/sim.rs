@@ -8,9 +8,10 @@
 //!   partition, as the membership layer would report them: a node refreshes its view
 //!   [`VIEW_LAG_MIN`]–[`DETECT`] after any change, drawn per node (so views disagree for a
 //!   while after every change, as they do in a real cluster).
-//! - **Nodes**: a crash drops the node; a restart is a new generation; a pause stops the
-//!   node (its ticks, its view refreshes; messages to it are lost); each node reads the
-//!   virtual time plus its own clock offset.
+//! - **Nodes**: a crash drops the node; a leave on purpose hands its admissions to its
+//!   carrier first ([`Tree::leave`]) and leaves a marker the others' views take up; a
+//!   restart is a new generation; a pause stops the node (its ticks, its view refreshes;
+//!   messages to it are lost); each node reads the virtual time plus its own clock offset.
 //!
 //! [`run`] draws a schedule, plays it under load and checks after every millisecond that no
 //! slot admitted more than its limit times the number of sides the cluster was split into
@@ -569,11 +570,13 @@ impl TreeSetup {
 
 /// Plays seed's schedule: the cluster forms, load at about twice the limits on three keys
 /// of a 1-s and a 3-s fixed window, faults from 1 s to 5 s (loss, duplication, delay
-/// with jitter, partitions into two sides and heals, crashes, restarts, pauses, clock
-/// offsets up to ±5 ms), then a calm network to 10 s. Checked after every millisecond: no
-/// slot admitted more than its limit times the sides the cluster was split into from a
-/// view lag before it opened to a view lag after it closed; no node's totals count more
-/// than was admitted. After the faults: agreement within [`AGREE_WITHIN`].
+/// with jitter, partitions into two sides and heals, crashes, leaves on purpose, every node
+/// crashing at once, restarts, pauses, clock offsets up to ±5 ms), then a calm network to
+/// 10 s. Checked after every millisecond: no slot admitted more than its limit times the
+/// sides the cluster was split into from a view lag before it opened to a view lag after it
+/// closed; no node's totals count more than was admitted (plus what leaving nodes handed
+/// over, which a leaving node and its carrier may both report for a round or two). After
+/// the faults: agreement within [`AGREE_WITHIN`].
 pub fn run(setup: &TreeSetup) -> TreeOutcome {
     let limits = [(SECOND, setup.limit), (3 * SECOND, 3 * setup.limit)];
     let rules: Vec<(String, Limit)> = limits

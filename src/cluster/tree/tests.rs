@@ -275,25 +275,11 @@ fn messages_from_the_wrong_place_change_nothing() {
     let _ = t.tick(round);
     // Round 1: positions rotate by one, so n0 is at position 2: a leaf whose parent is n1
     // (position 0, the root).
-    let sums = |from: &Actor, members: u64, view: u64| TreeSums {
-        from: from.clone(),
-        round: 1,
-        view,
-        members,
-        freeze: 0,
-        vouch: u64::MAX,
-        part: 0,
-        parts: 1,
-        entries: vec![TreeEntry {
-            rule: "w".to_owned(),
-            key: "k".to_owned(),
-            slot: 0,
-            admitted: 0,
-            held: 0,
-            demand: 16,
-            raw: 100,
-            offset: 0,
-        }],
+    let sums = |from: &Actor, members: u64, view: u64| {
+        let mut s = one_entry(from, 1, 0, 16, 100);
+        s.view = view;
+        s.members = members;
+        s
     };
     let view = t.view();
     assert_eq!(
@@ -520,7 +506,32 @@ fn a_check_in_a_frozen_slot_is_told_to_retry_when_it_ends() {
     );
 }
 
-/// Checks `key` at node `i` once a millisecond for `ms` milliseconds.
+/// Sums from `from` for `round`, of one member, with one entry: key `k` of rule `w` in slot
+/// 0, with these `admitted`, `demand` and `raw`.
+fn one_entry(from: &Actor, round: u64, admitted: u64, demand: u64, raw: u64) -> TreeSums {
+    TreeSums {
+        from: from.clone(),
+        round,
+        view: 0,
+        members: 1,
+        freeze: 0,
+        vouch: u64::MAX,
+        part: 0,
+        parts: 1,
+        entries: vec![TreeEntry {
+            rule: "w".to_owned(),
+            key: "k".to_owned(),
+            slot: 0,
+            admitted,
+            held: 0,
+            demand,
+            raw,
+            offset: 0,
+        }],
+    }
+}
+
+/// Checks `key` once a millisecond for `ms` milliseconds, at each of `nodes` in turn.
 fn hammer(sim: &mut TreeSim, nodes: &[usize], key: &str, ms: u64) {
     for t in 0..ms {
         sim.advance(MS);
@@ -653,28 +664,7 @@ fn a_carrier_takes_a_handoff_once_and_refuses_bad_ones() {
     let mut t =
         Tree::new(members[0].clone(), window(100), TreeParams::default(), 0).expect("valid");
     t.set_members(&members, 0);
-    let handoff = |from: &Actor, round: u64| {
-        Message::TreeHandoff(TreeSums {
-            from: from.clone(),
-            round,
-            view: 0,
-            members: 1,
-            freeze: 0,
-            vouch: u64::MAX,
-            part: 0,
-            parts: 1,
-            entries: vec![TreeEntry {
-                rule: "w".to_owned(),
-                key: "k".to_owned(),
-                slot: 0,
-                admitted: 7,
-                held: 0,
-                demand: 0,
-                raw: 0,
-                offset: 0,
-            }],
-        })
-    };
+    let handoff = |from: &Actor, round: u64| Message::TreeHandoff(one_entry(from, round, 7, 0, 0));
     let answer = Output::To(
         "n1".to_owned(),
         Message::TreeCarried {
