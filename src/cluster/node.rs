@@ -678,7 +678,7 @@ fn tree_metrics(tree: &Tree, out: &mut String) {
          member's admissions as its own), and members that left this node's view with theirs \
          carried (nothing frozen).",
         &[
-            ("what=\"taken\"", stats.carried),
+            ("what=\"taken\"", stats.taken),
             ("what=\"left_carried\"", stats.left_carried),
         ],
     );

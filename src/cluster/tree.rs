@@ -167,6 +167,7 @@ struct Slot {
     /// (and `reported`) at the boundary of round `pending_from`: the leaving member reports
     /// them in its sums before that round, this node from it on.
     pending: u64,
+    /// The round from which `pending` is this node's to report.
     pending_from: u64,
 }
 
@@ -237,7 +238,7 @@ pub struct TreeStats {
     /// open slots.
     pub gaps: u64,
     /// Leaving members whose admissions this node took over ([`Message::TreeHandoff`]).
-    pub carried: u64,
+    pub taken: u64,
     /// Members that left the view with their admissions carried by a member still in it: no
     /// freeze.
     pub left_carried: u64,
@@ -1357,7 +1358,7 @@ impl Tree {
             return Ok(Vec::new());
         }
         self.carrying.insert(from, round);
-        self.stats.carried += 1;
+        self.stats.taken += 1;
         Ok(answer)
     }
 }

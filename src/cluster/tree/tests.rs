@@ -677,7 +677,7 @@ fn a_carrier_takes_a_handoff_once_and_refuses_bad_ones() {
         Ok(vec![answer.clone()])
     );
     assert_eq!(t.receive("n1", handoff(&members[1], 3)), Ok(vec![answer]));
-    assert_eq!(t.stats().carried, 1);
+    assert_eq!(t.stats().taken, 1);
     assert_eq!(
         t.receive("n2", handoff(&members[1], 3)),
         Err(Reject::Impostor)
@@ -688,7 +688,7 @@ fn a_carrier_takes_a_handoff_once_and_refuses_bad_ones() {
     // from that round.
     let _ = t.tick(250 * MS);
     assert_eq!(t.receive("n2", handoff(&members[2], 2)), Ok(Vec::new()));
-    assert_eq!(t.stats().carried, 1);
+    assert_eq!(t.stats().taken, 1);
     // The 7 units are this node's own from round 3: in its sums, once.
     let out = t.tick(300 * MS);
     let reported: Vec<u64> = out
