@@ -59,7 +59,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crate::cluster::global::{MAX_PARTS, Output, PART_BYTES, Reject, split_by};
 use crate::counter::{Actor, StableHasher};
@@ -327,8 +327,6 @@ pub struct TreeKeys {
     /// slot is told to retry at the slot's end, not after the next round (no grant comes
     /// there).
     frozen_through: AtomicU64,
-    /// The node is leaving ([`Tree::leave`]): it admits nothing more.
-    leaving: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -355,7 +353,6 @@ impl TreeKeys {
     ) -> Option<Result<Decision, Full>> {
         let r = self.rules.get(rule)?;
         let limit = r.limit;
-        let leaving = self.leaving.load(Ordering::Relaxed);
         let decided = r
             .keys
             .update(key, now, KeyState::default, KeyState::is_empty, |k| {
@@ -363,14 +360,6 @@ impl TreeKeys {
                 let s = k.slots.entry(slot).or_default();
                 let mut decision =
                     decision(&limit, k.admitted_in.get(&slot).copied(), s, cost, now);
-                if leaving && decision.allowed() {
-                    // Its admissions are handed over: nothing more is admitted here.
-                    let slot_end = (slot + 1) * limit.period();
-                    decision.verdict = Verdict::Deny {
-                        retry_after: slot_end - now,
-                    };
-                    decision.remaining = decision.remaining.saturating_add(cost);
-                }
                 match decision.verdict {
                     Verdict::Never => {}
                     Verdict::Admit { .. } => {
@@ -497,7 +486,6 @@ impl Tree {
             members: AtomicUsize::new(0),
             complete_rounds: AtomicU64::new(0),
             frozen_through: AtomicU64::new(next_round),
-            leaving: AtomicBool::new(false),
         });
         // The slot of the longest rule open now: rounds from one before it starts could
         // have granted the previous incarnation room there.
@@ -618,7 +606,7 @@ impl Tree {
             .collect();
         // The new view's rounds start at the next boundary.
         let next = now / self.params.round + 1;
-        let uncarried = lost.iter().filter(|m| {
+        let uncarried = lost.iter().any(|m| {
             // A member that handed its admissions to one still in the view left nothing
             // uncounted (it gave back all it held, and admits nothing more), if the carrier
             // reports them in every round of the new view.
@@ -627,7 +615,7 @@ impl Tree {
                 .get(m)
                 .is_some_and(|(carrier, from)| members.contains(carrier) && next >= *from)
         });
-        if uncarried.count() > 0 {
+        if uncarried {
             // Rounds before the next boundary may still have granted the lost member room
             // in slots up to the one after that boundary.
             self.freeze(next);
@@ -800,9 +788,6 @@ impl Tree {
                 for x in if next == cur { cur..=cur } else { cur..=next } {
                     let s = k.slots.entry(x).or_default();
                     s.reported = s.admitted;
-                    if leaving.is_some() {
-                        released += std::mem::take(&mut s.held);
-                    }
                     if leaving == Some(true) {
                         continue;
                     }
@@ -1171,9 +1156,9 @@ impl Tree {
 
 impl Tree {
     /// Starts leaving on purpose (call it once nothing more is admitted here, after the
-    /// HTTP drain): gives back all this node holds, admits nothing more, and hands its
-    /// admissions in the open slots to the member after it in the view, which reports them
-    /// as its own from the round after next on. Returns the handoff to send; it is sent
+    /// HTTP drain): gives back all this node holds (and, taking no grant from now on, admits
+    /// nothing more), and hands its admissions in the open slots to the member after it in
+    /// the view, which reports them as its own from the round after next on. Returns the handoff to send; it is sent
     /// again each round (from [`Tree::tick`]) until the carrier answers. Once
     /// [`Tree::carried`] says so, the node can leave with a marker naming the carrier and
     /// the round, and the members that see it go freeze nothing ([`Tree::handed_off`]).
@@ -1183,7 +1168,6 @@ impl Tree {
         if self.leaving.is_some() {
             return Vec::new();
         }
-        self.keys.leaving.store(true, Ordering::Relaxed);
         let Some(carrier) = self.carrier() else {
             return Vec::new();
         };
