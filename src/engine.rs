@@ -75,6 +75,10 @@ pub struct RuleState {
     /// Checks by [`Outcome`], indexed as [`Outcome::ALL`]. Shared with the rule's next
     /// definition after a reload, so its metrics stay monotonic.
     outcomes: Arc<Striped<4>>,
+    /// Clustered checks denied while the node's own view of the key's global remaining was
+    /// at least the cost (design §3.3.3): the cluster's cost in false 429s. Shared across a
+    /// reload like `outcomes`.
+    denied_with_room: Arc<Striped<1>>,
     /// In a cluster, where a global rule's keys live.
     global: Option<Counted>,
 }
@@ -92,6 +96,11 @@ impl RuleState {
     /// Checks counted with `outcome` so far.
     pub fn outcome_count(&self, outcome: Outcome) -> u64 {
         self.outcomes.get(outcome as usize)
+    }
+
+    /// Clustered checks denied although the key's global remaining covered their cost.
+    pub fn denied_with_room(&self) -> u64 {
+        self.denied_with_room.get(0)
     }
 
     /// Keys this rule tracks now.
@@ -120,6 +129,8 @@ pub struct Checked<'e> {
     pub decision: Decision,
     /// How it is counted.
     pub outcome: Outcome,
+    /// The cost checked (1 for a status).
+    pub cost: u64,
 }
 
 /// No rule has that name.
@@ -278,6 +289,7 @@ impl Engine {
                 let state = RuleState {
                     store: Store::new(keys.clone(), max_keys),
                     outcomes: old.map(|o| o.outcomes.clone()).unwrap_or_default(),
+                    denied_with_room: old.map(|o| o.denied_with_room.clone()).unwrap_or_default(),
                     rule,
                     global,
                 };
@@ -408,6 +420,12 @@ impl Engine {
     /// Counts a check's outcome (what [`Engine::check`] does after deciding).
     pub fn count(&self, checked: &Checked<'_>) {
         checked.rule.outcomes.add(checked.outcome as usize, 1);
+        if checked.outcome == Outcome::Denied
+            && checked.rule.global.is_some()
+            && checked.decision.remaining >= checked.cost
+        {
+            checked.rule.denied_with_room.add(0, 1);
+        }
     }
 
     /// How long to hold a check that a clustered rule denied only because this node holds no
@@ -493,6 +511,7 @@ impl Engine {
             limit_index,
             decision,
             outcome,
+            cost,
         })
     }
 
@@ -524,6 +543,7 @@ impl Engine {
             limit_index,
             decision,
             outcome,
+            cost: 1,
         })
     }
 
@@ -788,6 +808,26 @@ mod tests {
             scope: Scope::Global,
             ..rule(name, Algorithm::TokenBucket, limit, None)
         }
+    }
+
+    #[test]
+    fn a_clustered_denial_with_room_left_is_counted_as_such() {
+        let window = Rule {
+            scope: Scope::Global,
+            ..rule("w", Algorithm::FixedWindow, 10, None)
+        };
+        let local = rule("l", Algorithm::FixedWindow, 1, None);
+        let e = clustered(vec![window, local]);
+        // No round has run: the node holds no room of the key, though all 10 are left.
+        let checked = e.check("w", "k", 2, 0).unwrap();
+        assert_eq!(checked.outcome, Outcome::Denied);
+        assert_eq!(checked.decision.remaining, 10);
+        assert_eq!(e.check("w", "k", 11, 0).unwrap().outcome, Outcome::Never);
+        // A local rule's denials are exact: none is counted.
+        e.check("l", "k", 1, 0).unwrap();
+        assert_eq!(e.check("l", "k", 1, 0).unwrap().outcome, Outcome::Denied);
+        assert_eq!(e.rule("w").unwrap().denied_with_room(), 1);
+        assert_eq!(e.rule("l").unwrap().denied_with_room(), 0);
     }
 
     #[test]

@@ -154,6 +154,16 @@ pub fn render(engine: &Engine, http: &HttpMetrics, reloads: &ReloadMetrics) -> S
             );
         }
     }
+    out.push_str("# HELP gossamer_check_denied_with_room_total Clustered checks denied while this node's view of the key's global remaining was at least the cost (a false 429 unless the room was held by other nodes), by rule.\n");
+    out.push_str("# TYPE gossamer_check_denied_with_room_total counter\n");
+    for rule in engine.rules().filter(|r| r.is_clustered()) {
+        let _ = writeln!(
+            out,
+            "gossamer_check_denied_with_room_total{{rule=\"{}\"}} {}",
+            rule.rule.name,
+            rule.denied_with_room()
+        );
+    }
     out.push_str("# HELP gossamer_active_keys Keys holding state, by rule.\n");
     out.push_str("# TYPE gossamer_active_keys gauge\n");
     for rule in engine.rules() {

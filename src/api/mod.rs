@@ -433,13 +433,13 @@ async fn check(app: &App, request: CheckRequest<'_>) -> Result<Response<Full<Byt
     let (response, wait) = match step {
         Step::Answer(response, wait) => (response, wait),
         Step::Pause(pause, seen) => {
-            app.clock.sleep(pause).await;
-            // The round task may run the instant a little late: give it a few milliseconds.
-            for _ in 0..10 {
-                if app.served().engine.instants() != seen {
-                    break;
-                }
+            // The instant runs as soon as every peer's frame of the round is in (a
+            // millisecond or two on a LAN), at the latest `pause` from now, and the round
+            // task may run it a little late: look every millisecond, a few past `pause`.
+            let mut waited = 0;
+            while app.served().engine.instants() == seen && waited < pause + 10 * MILLISECOND {
                 app.clock.sleep(MILLISECOND).await;
+                waited += MILLISECOND;
             }
             match decide(&app.served(), &request, false)? {
                 Step::Answer(response, wait) => (response, wait),

@@ -67,6 +67,11 @@ const OFFSET_MIN_SAMPLES: usize = 5;
 pub const SHARE_ONE: u64 = 1 << 20;
 /// The demand-independent part of a window lease weight: 1/20 spread evenly (design §3.3.1).
 const WINDOW_FLOOR: u64 = 20;
+/// The escrow margin m of a windowed limit, as `1/ESCROW_MARGIN` of the limit: the room
+/// below `(1 − m)·C` is held evenly by every participant, the rest follows demand (design
+/// §3.3.1). A check is admitted at once while the key's count stays below `(1 − m)·C` and the
+/// node's round stays within its even share of that room.
+pub const ESCROW_MARGIN: u64 = 20;
 /// The demand-independent part of a bucket share: 1/100 spread evenly (design §3.5).
 const BUCKET_FLOOR: u64 = 100;
 
@@ -325,6 +330,11 @@ struct Grant {
 impl Grant {
     fn spendable(&self) -> u64 {
         self.allowance.saturating_sub(self.used)
+    }
+
+    /// An allotment of nothing (a key found idle): no room held, none spent.
+    fn is_empty(&self) -> bool {
+        !self.starter && self.allowance == 0 && self.used == 0
     }
 }
 
@@ -1024,9 +1034,9 @@ impl Global {
             return decision;
         }
         let spendable = match w.grants.iter().find(|g| g.slot == s) {
-            Some(g) => g.spendable(),
-            None if starter_allowed(w, known, phase) => starter(l, participants),
-            None => 0,
+            Some(g) if !g.is_empty() => g.spendable(),
+            _ if used == 0 && starter_allowed(known, phase) => starter(l, participants),
+            _ => 0,
         };
         if cost <= spendable.min(remaining) {
             return decision;
@@ -1300,8 +1310,13 @@ impl Global {
             return now;
         }
         if st.instant != Some(n) {
+            // The instant runs as soon as every frame of the round is in; without them, at
+            // half a round. The node's round task is woken by each frame that arrives; until
+            // then it looks at δ and every millisecond after.
             let due = start + self.params.settle;
-            // Past it, the instant waits for missing frames: look again in a millisecond.
+            if self.frames_in(&st, n, now < due) {
+                return now;
+            }
             return if now < due {
                 due
             } else {
@@ -1319,13 +1334,21 @@ impl Global {
 
     /// Whether the instant of round `n` has what it needs: this node's boundary ran and the
     /// round-n frame of every participating peer not suspected is in (applied, or every part
-    /// buffered).
-    fn frames_in(&self, st: &RoundState, n: u64) -> bool {
+    /// buffered). With `every`, also that of every suspected peer that participates or is
+    /// alive: an instant that runs before δ must not run before a suspected peer's frame
+    /// could arrive, since only a frame present at an instant lifts the suspicion.
+    fn frames_in(&self, st: &RoundState, n: u64, every: bool) -> bool {
         st.boundary == Some(n)
             && st
                 .peers
                 .values()
-                .filter(|p| self.participates(p) && !p.suspected)
+                .filter(|p| {
+                    if every {
+                        self.participates(p) || p.alive
+                    } else {
+                        self.participates(p) && !p.suspected
+                    }
+                })
                 .all(|p| {
                     if p.applied.is_some_and(|a| a >= n) {
                         return true;
@@ -1351,12 +1374,14 @@ impl Global {
         if st.boundary.is_none_or(|b| b < n) {
             out.extend(self.boundary(&mut st, n, now));
         }
-        // The instant runs δ after the boundary, or later, up to half a round, while a peer's
-        // frame is missing: the grants come from the round-n frames whenever they are
-        // computed, so waiting costs nothing but time and spares a degraded round.
+        // The instant runs once every participant's round-n frame is in, or at half a round
+        // without them: the grants come from the round-n frames whenever they are computed,
+        // so running early changes no grant, and waiting for a late frame spares a degraded
+        // round. Early, it closes the gap in which a key new to this node waits for its
+        // first room to a millisecond or two on a LAN (design §2.2).
         if st.instant.is_none_or(|i| i < n)
-            && now >= n * t + self.params.settle
-            && (now >= n * t + self.latest_settle() || self.frames_in(&st, n))
+            && (now >= n * t + self.latest_settle()
+                || self.frames_in(&st, n, now < n * t + self.params.settle))
         {
             self.instant(&mut st, n, now);
         }
@@ -2244,15 +2269,15 @@ impl Global {
         // This instant's grants and targets for this node, per slot.
         let mut mine: Vec<(u64, u64, u64)> = Vec::with_capacity(2);
         let mut claims = None;
-        // The current slot's holdings and grants, for the next slot's budget.
-        let mut cur_held_and_granted = 0u64;
+        // The earlier slots' holdings and grants, for a later slot's budget.
+        let mut claimed_before: Vec<(u64, u64)> = Vec::new();
         // Whether anyone uses the key: counts, demand or holdings in a slot allotted here.
         let mut in_use = in_demand;
         let hold_from = st.hold_from;
-        for x in [cur, next] {
-            if x == cur && !mine.is_empty() {
-                break;
-            }
+        // Every slot from the current one to the one the next boundary falls in: a log's
+        // sub-slots can be shorter than a round, so one may begin and end between two
+        // instants.
+        for x in cur..=next {
             // Holding for a partition: a slot that could have been allotted before this
             // side began to hold gets nothing more (the other side may have allotted its
             // room); it is served from what is held. Later slots are split evenly.
@@ -2267,23 +2292,27 @@ impl Global {
                 l.budget(cur, now, count)
             } else {
                 let upper = |y: u64| {
-                    if y == cur {
-                        count(y).saturating_add(cur_held_and_granted)
-                    } else {
-                        count(y)
-                    }
+                    let claimed = claimed_before
+                        .iter()
+                        .find(|(s, _)| *s == y)
+                        .map_or(0, |(_, u)| *u);
+                    count(y).saturating_add(claimed)
                 };
                 l.budget(x, boundary_next, upper)
             };
             let total = c.saturating_sub(a);
             let free = total.saturating_sub(held_total);
             in_use |= a > 0 || held_total > 0;
-            // Targets: the whole room by weight, while the key is in use (an idle key's
-            // holdings all go back, so it can be forgotten).
+            // Targets, while the key is in use (an idle key's holdings all go back, so it can
+            // be forgotten): the escrow, the room below (1 − m)·C, evenly, so that every
+            // participant admits its share at once wherever the demand was; the rest by
+            // demand weight.
             let mut targets: Vec<u64> = if a > 0 || in_demand {
+                let even = escrow(c, a) / reachable.len().max(1) as u64;
+                let rest = total - even * reachable.len() as u64;
                 weights
                     .iter()
-                    .map(|&wt| u64::try_from(u128::from(total) * wt / den).unwrap_or(0))
+                    .map(|&wt| even + u64::try_from(u128::from(rest) * wt / den).unwrap_or(0))
                     .collect()
             } else {
                 vec![0; reachable.len()]
@@ -2324,22 +2353,20 @@ impl Global {
                 }
             }
             let granted: u64 = grants.iter().sum();
-            if x == cur {
-                cur_held_and_granted = held_total.saturating_add(granted);
-                if all_reachable {
-                    claims = Some(
-                        reachable
-                            .iter()
-                            .enumerate()
-                            .map(|(j, &i)| {
-                                slots
-                                    .count(cur, parts[i].actor)
-                                    .saturating_add(helds[j])
-                                    .saturating_add(grants[j])
-                            })
-                            .collect(),
-                    );
-                }
+            claimed_before.push((x, held_total.saturating_add(granted)));
+            if x == cur && all_reachable {
+                claims = Some(
+                    reachable
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &i)| {
+                            slots
+                                .count(cur, parts[i].actor)
+                                .saturating_add(helds[j])
+                                .saturating_add(grants[j])
+                        })
+                        .collect(),
+                );
             }
             // This node is parts[0], so first among the reachable.
             mine.push((x, grants[0], targets[0]));
@@ -2624,9 +2651,11 @@ fn copy_others(slots: &SlotReader<'_>, l: &GLimit, w: &mut WState, now: Nanos) {
 }
 
 /// Whether a key nobody holds a lease for may be admitted on first touch (design §3.3.1,
-/// starters): the last instant was consistent and did not know the key, and it is not the gap.
-fn starter_allowed(w: &WState, known: bool, phase: Phase) -> bool {
-    !known && phase.open && phase.consistent && w.own.is_empty() && w.others.is_empty()
+/// starters): the last instant was consistent and did not know the key (nobody used it,
+/// holds room of it or asked for it), and it is not the gap. The caller also checks that no
+/// count in the slots the budget reads is known.
+fn starter_allowed(known: bool, phase: Phase) -> bool {
+    !known && phase.open && phase.consistent
 }
 
 /// Records a check's `decision` in the key: its cost as demand (unless it can never fit) and,
@@ -2670,18 +2699,19 @@ fn starter(l: &GLimit, participants: u64) -> u64 {
 
 fn commit_window(l: &GLimit, w: &mut WState, cost: u64, now: Nanos, participants: u64) {
     let s = l.slot(now);
+    let starter = Grant {
+        slot: s,
+        allowance: starter(l, participants),
+        used: cost,
+        target: 0,
+        starter: true,
+    };
     match w.grants.iter_mut().find(|g| g.slot == s) {
+        // An instant that found the key idle left it an empty lease: a starter replaces it.
+        Some(g) if g.is_empty() => *g = starter,
         Some(g) => g.used = g.used.saturating_add(cost),
-        None => {
-            // A starter (the only way to admit without a grant).
-            w.grants.push(Grant {
-                slot: s,
-                allowance: starter(l, participants),
-                used: cost,
-                target: 0,
-                starter: true,
-            });
-        }
+        // A starter (the only way to admit without a grant).
+        None => w.grants.push(starter),
     }
     match w.own.iter_mut().find(|(slot, _)| *slot == s) {
         Some((_, n)) => *n = n.saturating_add(cost),
@@ -2809,6 +2839,12 @@ fn smooth(demand: u64, arrivals: u64) -> u64 {
     } else {
         sum / 2
     }
+}
+
+/// The escrow of a windowed limit `c` whose budget counts `a`: the room below `(1 − m)·c`
+/// (design §3.3.1), at most the room left.
+fn escrow(c: u64, a: u64) -> u64 {
+    (c - c / ESCROW_MARGIN).saturating_sub(a)
 }
 
 /// Lease weights (numerators over their sum): `μ/N + (1 − μ)·d/D` with μ = 1/20, or even

@@ -216,6 +216,7 @@ impl Cluster {
             counts: counts.clone(),
             authenticated: Arc::new(Mutex::new(HashSet::new())),
             newly_authenticated: Arc::new(tokio::sync::Notify::new()),
+            frame_arrived: Arc::new(tokio::sync::Notify::new()),
         };
         let mut tasks = vec![
             tokio::spawn(receive(
@@ -806,6 +807,9 @@ struct Sender {
     authenticated: Arc<Mutex<HashSet<String>>>,
     /// Wakes the membership task when a node is authenticated for the first time.
     newly_authenticated: Arc<tokio::sync::Notify>,
+    /// Wakes the mesh's round task when a peer's round frame arrives: the instant runs as
+    /// soon as every frame of its round is in.
+    frame_arrived: Arc<tokio::sync::Notify>,
 }
 
 impl Sender {
@@ -843,7 +847,11 @@ async fn rounds(global: Arc<Global>, clock: Arc<dyn Clock>, sender: Sender, nice
         let now = clock.now();
         let next = global.next_tick(now);
         if next > now {
-            clock.sleep(next - now).await;
+            tokio::select! {
+                () = clock.sleep(next - now) => {}
+                // A frame may complete the round: its instant need not wait for δ.
+                () = sender.frame_arrived.notified() => continue,
+            }
         }
         let g = global.clone();
         let now = clock.now();
@@ -1060,7 +1068,14 @@ async fn receive(
             }
         };
         let received = match &exchange {
-            Exchange::Mesh(global) => global.receive(&peer, message, clock.now()),
+            Exchange::Mesh(global) => {
+                let round = matches!(message, wire::Message::Round(_));
+                let received = global.receive(&peer, message, clock.now());
+                if round && received.is_ok() {
+                    sender.frame_arrived.notify_one();
+                }
+                received
+            }
             Exchange::Tree(tree, _) => super::lock(tree).receive(&peer, message),
         };
         match received {

@@ -30,6 +30,7 @@ use crate::counter::Actor;
 use crate::limiter::{Algorithm, Decision, Limit, MILLISECOND, Nanos, SECOND};
 use crate::wire::{self, Message};
 
+pub mod judge;
 pub mod report;
 
 /// How long a node holds a silent peer alive (chitchat at a 100 ms gossip interval takes

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
 use super::*;
+use crate::cluster::sim::judge::Judge;
 use crate::cluster::sim::{START, Sim};
 use crate::limiter::SECOND;
 use crate::wire;
@@ -409,40 +410,39 @@ fn config_periods_must_fit_rounds() {
 }
 
 #[test]
-fn a_new_key_in_the_gap_is_told_to_wait_until_the_instant_then_admitted() {
+fn a_new_key_in_the_gap_waits_only_until_every_frame_of_the_round_is_in() {
     let mut sim = Sim::new(3, rules_fixed(), Params::default(), 23);
     sim.advance(300 * MS);
-    // Just after a boundary: the gap before the instant.
+    // At a boundary: the round's frames are on the wire (1 ms), its instant not yet run.
     let to_boundary = DEFAULT_ROUND - sim.now % DEFAULT_ROUND;
-    sim.advance(to_boundary + 5 * MS);
+    sim.advance(to_boundary);
     let d = sim.check(0, "api", "fresh", 1);
     assert_eq!(
         d.verdict,
         Verdict::Deny {
-            retry_after: 20 * MS
+            retry_after: DEFAULT_SETTLE
         }
     );
     assert_eq!(d.remaining, 100);
-    sim.advance(20 * MS);
-    // The instant may wait a few milliseconds more for frames still on the wire (at most
-    // until half the round); a check meanwhile is told to retry in a millisecond.
+    // The instant runs as soon as both peers' frames are in, not δ after the boundary.
     let mut waited = 0;
-    loop {
-        let d = sim.check(0, "api", "fresh", 1);
-        if d.allowed() {
-            break;
-        }
-        assert_eq!(d.verdict, Verdict::Deny { retry_after: MS });
-        assert!(
-            waited < 25,
-            "still no lease {waited} ms after the instant was due"
-        );
+    while !sim.check(0, "api", "fresh", 1).allowed() {
         sim.advance(MS);
         waited += 1;
+        assert!(waited <= 3, "still no lease {waited} ms after the boundary");
     }
-    // Outside the gap a new key is admitted at once (a starter).
-    sim.advance(30 * MS);
-    assert!(sim.check(1, "api", "other", 1).allowed());
+    // With a peer's frame late, the instant waits for it past δ, up to half a round; a
+    // check meanwhile is told to retry in a millisecond.
+    sim.net.delay = 40 * MS;
+    let to_boundary = DEFAULT_ROUND - sim.now % DEFAULT_ROUND;
+    sim.advance(to_boundary);
+    sim.advance(DEFAULT_SETTLE + MS);
+    assert_eq!(
+        sim.check(1, "api", "late", 1).verdict,
+        Verdict::Deny { retry_after: MS }
+    );
+    sim.advance(20 * MS);
+    assert!(sim.check(1, "api", "late", 1).allowed());
 }
 
 mod hostile {
@@ -946,4 +946,134 @@ fn rounds_visit_only_keys_with_activity() {
         listed_visits * 4 < all_visits,
         "{listed_visits} key visits in 3 s, against {all_visits} visiting every key"
     );
+}
+
+/// The tiers of an API's users: every algorithm at 60 per second, and the hybrid of a bucket
+/// of 10/s with bursts of 20 and a sliding log of 300 a minute.
+fn rules_tiers() -> Vec<(String, Vec<Limit>)> {
+    let per_second = |alg| Limit::new(alg, 60, SECOND, None).unwrap();
+    vec![
+        ("fixed".into(), vec![per_second(Algorithm::FixedWindow)]),
+        (
+            "counter".into(),
+            vec![per_second(Algorithm::SlidingWindowCounter)],
+        ),
+        ("log".into(), vec![per_second(Algorithm::SlidingWindowLog)]),
+        (
+            "bucket".into(),
+            vec![bucket(Algorithm::TokenBucket, 60, SECOND, 60)],
+        ),
+        (
+            "hybrid".into(),
+            vec![
+                bucket(Algorithm::TokenBucket, 10, SECOND, 20),
+                Limit::new(Algorithm::SlidingWindowLog, 300, 60 * SECOND, None).unwrap(),
+            ],
+        ),
+    ]
+}
+
+/// `users` users of every rule send bursts of 1 to 5 checks, `bursts` a second, each burst
+/// to a random node, for `dur`; every check after the first 300 ms is judged, per rule.
+fn quiet_users(
+    nodes: usize,
+    seed: u64,
+    users: u64,
+    bursts: u64,
+    dur: Nanos,
+) -> Vec<(String, Judge)> {
+    let rules = rules_tiers();
+    let mut judges: Vec<(String, Judge)> = rules
+        .iter()
+        .map(|(name, _)| {
+            let mut judge = Judge::new(&rules, DEFAULT_ROUND);
+            // Frames take 1 ms: the instant runs by the round's second millisecond.
+            judge.gap = 2 * MS;
+            (name.clone(), judge)
+        })
+        .collect();
+    let mut sim = Sim::new(nodes, rules, Params::default(), seed);
+    sim.advance(300 * MS);
+    let end = sim.now + dur;
+    while sim.now < end {
+        sim.advance(MS);
+        if sim.random() % 1000 >= bursts {
+            continue;
+        }
+        let node = sim.between(0, nodes as u64) as usize;
+        let rule = sim.between(0, judges.len() as u64) as usize;
+        let key = format!("user-{}", sim.between(0, users));
+        for _ in 0..sim.between(1, 6) {
+            let d = sim.check(node, &judges[rule].0, &key, 1);
+            let now = sim.clock(node);
+            let (name, judge) = &mut judges[rule];
+            judge.check(name, &key, node, nodes, now, 1, &d, true);
+        }
+    }
+    judges
+}
+
+/// What [`quiet_users`] found, per rule: (rule, far from the limit, false denials, of which
+/// in the gap), summed over `seeds`.
+fn quiet_table(nodes: usize, seeds: std::ops::RangeInclusive<u64>) -> Vec<(String, u64, u64, u64)> {
+    let mut table: Vec<(String, u64, u64, u64)> = Vec::new();
+    for seed in seeds {
+        for (i, (rule, j)) in quiet_users(nodes, seed, 200, 300, 6 * SECOND)
+            .into_iter()
+            .enumerate()
+        {
+            if table.len() <= i {
+                table.push((rule, 0, 0, 0));
+            }
+            table[i].1 += j.must_admit;
+            table[i].2 += j.false_denials;
+            table[i].3 += j.in_gap;
+        }
+    }
+    table
+}
+
+#[test]
+fn quiet_users_far_from_their_limits_are_admitted_at_once() {
+    // Alone, every windowed rule is a standalone node's.
+    for (rule, far, denied, _) in quiet_table(1, 1..=2) {
+        if rule == "fixed" {
+            assert!(far > 1_500, "{rule}: {far}");
+            assert_eq!(
+                denied, 0,
+                "{rule}: {denied} of {far} denied far from the limit"
+            );
+        }
+    }
+    // With peers, a fixed window far from its limit is denied only in the round's gap, a
+    // key new to the node checked before the round's frames are in (design §3.3.1).
+    for nodes in [3, 5] {
+        for (rule, far, denied, in_gap) in quiet_table(nodes, 1..=2) {
+            if rule == "fixed" {
+                assert_eq!(
+                    denied, in_gap,
+                    "{nodes} nodes, {rule}: {denied} of {far} denied, {in_gap} in the gap"
+                );
+                assert!(
+                    denied * 20 < far,
+                    "{nodes} nodes, {rule}: {denied} of {far} denied"
+                );
+            }
+        }
+    }
+}
+
+/// The table of design §3.3.3: `cargo test --release --lib quiet_users_table -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore = "a measurement: prints the false denials of quiet users per rule"]
+fn quiet_users_table() {
+    for nodes in [1, 3, 5] {
+        for (rule, far, denied, in_gap) in quiet_table(nodes, 1..=3) {
+            println!(
+                "| {nodes} | {rule} | {far} | {denied} ({:.2}%) | {in_gap} |",
+                100.0 * denied as f64 / far.max(1) as f64
+            );
+        }
+    }
 }
