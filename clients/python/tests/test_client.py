@@ -204,7 +204,7 @@ class AcquireTest(unittest.TestCase):
         # One wait of at most the node's 100 ms plus 10% jitter; Retry-After would say 1 s.
         self.assertGreaterEqual(len(sleep.asked), 1)
         self.assertLessEqual(len(sleep.asked), 2)
-        self.assertGreater(sleep.asked[0], 0.05)
+        self.assertGreater(sleep.asked[0], 0)
         self.assertLessEqual(sleep.asked[0], 0.1 * 1.1 + 1e-9)
         self.assertLess(elapsed, 0.9, "waited like a whole-second Retry-After")
 
@@ -230,13 +230,14 @@ class AcquireTest(unittest.TestCase):
         fake = FakeTime()
         client = gossamer.Client(node.url, sleep=fake.sleep, monotonic=fake.monotonic)
         key = fresh_key()
-        client.check("tenth", key)
+        client.check("minute", key)
         with self.assertRaises(gossamer.RateLimited) as caught:
-            client.acquire("tenth", key, timeout=0.35)
+            client.acquire("minute", key, timeout=150.0)
         # The node's clock does not move with the fake one: every attempt is denied for
-        # ~100 ms, so the client sleeps about three times and gives up before 0.35 s.
-        self.assertIn(len(fake.asked), (2, 3))
-        self.assertLessEqual(sum(fake.asked), 0.35)
+        # ~60 s (up to 66 with jitter), so the client sleeps twice (120-132 s) and gives up
+        # rather than sleep a third time past 150 s.
+        self.assertEqual(len(fake.asked), 2)
+        self.assertLessEqual(sum(fake.asked), 150.0)
         self.assertFalse(caught.exception.decision.allowed)
         client.close()
 
@@ -451,7 +452,7 @@ class AsyncClientTest(unittest.TestCase):
 
         self.assertTrue(self.run_async(main()).allowed)
         self.assertIn(len(asked), (1, 2))
-        self.assertTrue(0.05 < asked[0] <= 0.11, asked)
+        self.assertTrue(0 < asked[0] <= 0.11, asked)
 
     def test_acquire_never_sleeps_past_its_timeout(self) -> None:
         fake = FakeTime()
@@ -461,15 +462,15 @@ class AsyncClientTest(unittest.TestCase):
                 node.url, sleep=fake.async_sleep, monotonic=fake.monotonic
             ) as client:
                 key = fresh_key()
-                await client.check("tenth", key)
+                await client.check("minute", key)
                 with self.assertRaises(gossamer.RateLimited):
-                    await client.acquire("tenth", key, timeout=0.35)
+                    await client.acquire("minute", key, timeout=150.0)
                 with self.assertRaises(gossamer.NeverAdmitted):
                     await client.acquire("pair", key, cost=9, timeout=5)
 
         self.run_async(main())
-        self.assertIn(len(fake.asked), (2, 3))
-        self.assertLessEqual(sum(fake.asked), 0.35)
+        self.assertEqual(len(fake.asked), 2)
+        self.assertLessEqual(sum(fake.asked), 150.0)
 
     def test_decorator(self) -> None:
         calls = []
