@@ -46,6 +46,15 @@ period = "1h"
 burst = 2
 
 [[rule]]
+# A shaping leaky bucket: 2 a second, callers may be held up to 2 s.
+name = "shaped"
+algorithm = "leaky_bucket"
+limit = 2
+period = "1s"
+burst = 1
+max_wait = "2s"
+
+[[rule]]
 # Ten an hour: for concurrent checks.
 name = "ten"
 algorithm = "token_bucket"
@@ -183,6 +192,17 @@ class CheckTest(unittest.TestCase):
         finally:
             gossamer._sync._Connection.connect = original  # type: ignore[method-assign]
         self.assertEqual(len(connects), 1)
+
+    def test_wait_ms_lets_a_shaping_rule_hold_the_call_past_the_read_timeout(self) -> None:
+        key = fresh_key()
+        with gossamer.Client(node.url, timeout=0.2) as client:
+            self.assertTrue(client.check("shaped", key).allowed)
+            self.assertFalse(client.check("shaped", key).allowed)  # no wait_ms: denied
+            held = client.check("shaped", key, wait_ms=1500)
+        # Held up to 500 ms by the node, past the 200 ms read timeout: it grew by wait_ms.
+        self.assertTrue(held.allowed)
+        self.assertGreater(held.waited_ms, 200)
+        self.assertLessEqual(held.waited_ms, 500)
 
     def test_type_errors_are_caught_before_the_network(self) -> None:
         with self.assertRaises(TypeError):
