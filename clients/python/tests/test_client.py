@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sys
+import threading
 import time
 import unittest
 import uuid
@@ -203,6 +204,22 @@ class CheckTest(unittest.TestCase):
         self.assertTrue(held.allowed)
         self.assertGreater(held.waited_ms, 200)
         self.assertLessEqual(held.waited_ms, 500)
+
+    def test_threads_share_one_client(self) -> None:
+        key = fresh_key()
+        admitted = []
+
+        def worker() -> None:
+            for _ in range(5):
+                admitted.append(self.client.check("ten", key).allowed)
+
+        threads = [threading.Thread(target=worker) for _ in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=30)
+        self.assertEqual((len(admitted), sum(admitted)), (30, 10))
+        self.assertLessEqual(len(self.client._idle), 6)
 
     def test_type_errors_are_caught_before_the_network(self) -> None:
         with self.assertRaises(TypeError):
@@ -560,6 +577,21 @@ class AsyncClientTest(unittest.TestCase):
 
         decision = self.run_async(main())
         self.assertEqual((decision.allowed, decision.remaining), (True, 1))
+
+    def test_cancelling_a_call_cancels_it_even_failing_open(self) -> None:
+        # Cancellation is the caller's, not an outage: it must not become a fail-open
+        # admission, and the interrupted connection must not go back to the pool.
+        async def main() -> int:
+            with Silent() as silent:
+                async with gossamer.AsyncClient(silent.url, timeout=5, fail_open=True) as client:
+                    task = asyncio.ensure_future(client.check("pair", "k"))
+                    await asyncio.sleep(0.1)
+                    task.cancel()
+                    with self.assertRaises(asyncio.CancelledError):
+                        await task
+                    return len(client._idle)
+
+        self.assertEqual(self.run_async(main()), 0)
 
     def test_keep_alive_reuse(self) -> None:
         async def main() -> int:

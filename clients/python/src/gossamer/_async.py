@@ -293,7 +293,7 @@ class AsyncClient:
 
 
 async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-    chunks = []
+    chunks: "list[bytes]" = []
     total = 0
     while True:
         size = int((await reader.readline()).split(b";")[0].strip() or b"x", 16)

@@ -224,7 +224,7 @@ Keyish = Union[str, Callable[..., str]]
 Costish = Union[int, Callable[..., int]]
 
 
-def resolve(value: Any, args: tuple, kwargs: Mapping[str, Any]) -> Any:
+def resolve(value: Any, args: "tuple[Any, ...]", kwargs: Mapping[str, Any]) -> Any:
     """The decorator's `key` or `cost`: the value itself, or what a callable makes of the
     decorated function's arguments."""
     return value(*args, **kwargs) if callable(value) else value
