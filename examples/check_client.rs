@@ -1,9 +1,11 @@
 //! An app asking its node-local gossamer before each unit of work, with reqwest.
 //!
 //! - 200: go ahead.
-//! - 429 with `Retry-After`: wait that many seconds, then ask again (the body's
-//!   `retry_after_ms` has the same wait in milliseconds, for finer pacing).
-//! - 429 without `Retry-After` (`"outcome":"never"`): the cost can never fit; do not retry.
+//! - 429: wait the body's `retry_after_ms`, then ask again. Milliseconds: the `Retry-After`
+//!   header says the same wait in whole seconds rounded up, so a 10/s rule's 100 ms wait
+//!   would become a second. The header is the fallback for a body without the field.
+//! - 429 with `"retry_after_ms": null` (`"outcome":"never"`): the cost can never fit; do not
+//!   retry.
 //! - Anything else, or no answer within the timeout: fail open (do the work) and say so —
 //!   a limiter that is restarting should not take the app down. Choose fail closed instead
 //!   where over-admission costs more than an outage.
@@ -23,7 +25,7 @@ use serde::Deserialize;
 
 /// The longest the app waits for its limiter before failing open.
 const TIMEOUT: Duration = Duration::from_millis(500);
-/// The longest a single `Retry-After` is honoured for (a guard against a bad header).
+/// The longest a single wait is honoured for (a guard against a bad answer).
 const MAX_WAIT: Duration = Duration::from_secs(120);
 
 /// The fields of a decision this app uses (the body has more: see README, "Body").
@@ -31,6 +33,8 @@ const MAX_WAIT: Duration = Duration::from_secs(120);
 struct Decision {
     remaining: u64,
     outcome: String,
+    /// Until the same check would be admitted; `None` (JSON `null`) when it never can.
+    retry_after_ms: Option<u64>,
 }
 
 /// What the limiter said about one call.
@@ -64,10 +68,11 @@ async fn ask(client: &reqwest::Client, url: &str, rule: &str, key: &str) -> Answ
         (StatusCode::OK, Ok(d)) => Answer::Go {
             remaining: d.remaining,
         },
-        (StatusCode::TOO_MANY_REQUESTS, Ok(d)) => match retry_after {
-            Some(wait) => Answer::RetryAfter(wait.min(MAX_WAIT)),
-            None if d.outcome == "never" => Answer::Never,
-            None => Answer::RetryAfter(Duration::from_secs(1)),
+        (StatusCode::TOO_MANY_REQUESTS, Ok(d)) => match (d.retry_after_ms, retry_after) {
+            (Some(ms), _) => Answer::RetryAfter(Duration::from_millis(ms.max(1)).min(MAX_WAIT)),
+            (None, _) if d.outcome == "never" => Answer::Never,
+            (None, Some(wait)) => Answer::RetryAfter(wait.min(MAX_WAIT)),
+            (None, None) => Answer::RetryAfter(Duration::from_secs(1)),
         },
         (status, _) => Answer::Unavailable(format!("HTTP {status}")),
     }
@@ -93,7 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     break;
                 }
                 Answer::RetryAfter(wait) => {
-                    println!("call {call}: limited; retrying in {wait:?} (Retry-After)");
+                    println!("call {call}: limited; retrying in {wait:?} (retry_after_ms)");
                     tokio::time::sleep(wait).await;
                 }
                 Answer::Never => {

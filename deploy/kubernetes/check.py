@@ -12,7 +12,16 @@ does the part of `kustomize build` these manifests use, and checks its output:
    Kubernetes API schemas (kubernetes-validate, strict: unknown fields fail). Custom
    resources (cert-manager) have no schema there and are only parsed;
 3. every ConfigMap's gossamer.toml passes `gossamer config check`, and every `GOSSAMER_*`
-   variable and `--flag` the DaemonSet gives `gossamer serve` is one the binary accepts.
+   variable and `--flag` the DaemonSet gives `gossamer serve` is one the binary accepts;
+4. every Secret a container mounts is readable by the user it runs as: the kubelet writes
+   Secret files owned by root, group root or the pod's `fsGroup`, with `defaultMode` (0644
+   unless set), so a non-root user needs the "other" read bit, or the group read bit and an
+   `fsGroup` (or group 0);
+5. the DaemonSet runs on every node: it tolerates every taint (`operator: Exists`), or the
+   node's own system taints would leave tainted machines without a limiter (and their apps
+   failing open or closed);
+6. the DaemonSet's memory request and limit cover what its ConfigMap's `max_keys` can hold,
+   at BYTES_PER_KEY plus BASE_BYTES.
 
 Usage: check.py GOSSAMER_BINARY [KUBERNETES_VERSION]. Exits 1 on any failure.
 """
@@ -22,6 +31,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import tomllib
 
 import kubernetes_validate
 import yaml
@@ -175,6 +185,109 @@ def check_flags(name, resources, binary):
         print(f"ok   {name}: DaemonSet flags and GOSSAMER_* variables match gossamer serve --help")
 
 
+def pod_specs(resources):
+    for resource in resources:
+        spec = resource.get("spec", {}).get("template", {}).get("spec")
+        if spec is not None:
+            yield resource, spec
+
+
+def readable(mode, uid, gid, fs_group, supplemental):
+    """Whether a file the kubelet wrote (owner root, group fs_group or root) with `mode` can
+    be read by uid/gid."""
+    if uid == 0:
+        return True
+    if mode & 0o004:
+        return True
+    groups = {gid, *supplemental}
+    file_group = fs_group if fs_group is not None else 0
+    return bool(mode & 0o040) and file_group in groups
+
+
+def check_secret_access(name, resources):
+    for resource, spec in pod_specs(resources):
+        pod = spec.get("securityContext", {})
+        volumes = {v["name"]: v for v in spec.get("volumes", [])}
+        for container in spec.get("containers", []):
+            ctx = {**pod, **container.get("securityContext", {})}
+            uid, gid = ctx.get("runAsUser"), ctx.get("runAsGroup", ctx.get("runAsUser"))
+            if uid is None:
+                fail(f"{name}: {resource['kind']}/{resource['metadata']['name']}: runAsUser unset, "
+                     "cannot check which files it can read")
+                continue
+            for mount in container.get("volumeMounts", []):
+                secret = volumes.get(mount["name"], {}).get("secret")
+                if secret is None:
+                    continue
+                modes = [secret.get("defaultMode", 0o644)]
+                modes += [item["mode"] for item in secret.get("items", []) if "mode" in item]
+                for mode in modes:
+                    label = (f"{name}: {resource['kind']}/{resource['metadata']['name']} "
+                             f"container {container['name']}: Secret {secret.get('secretName')}")
+                    if readable(mode, uid, gid, pod.get("fsGroup"), pod.get("supplementalGroups", [])):
+                        print(f"ok   {label} mode {mode:04o} is readable by uid {uid}")
+                    else:
+                        fail(f"{label} mode {mode:04o} is not readable by uid {uid} "
+                             f"(gid {gid}, fsGroup {pod.get('fsGroup')})")
+
+
+def check_tolerations(name, resources):
+    for resource, spec in pod_specs(resources):
+        if resource.get("kind") != "DaemonSet":
+            continue
+        label = f"{name}: DaemonSet/{resource['metadata']['name']}"
+        everything = any(
+            t.get("operator") == "Exists" and "key" not in t and "effect" not in t
+            for t in spec.get("tolerations", [])
+        )
+        if everything:
+            print(f"ok   {label} tolerates every taint")
+        else:
+            fail(f"{label} does not tolerate every taint: tainted nodes get no limiter")
+
+
+#: Memory per key the manifests are sized for, and per node besides the keys: see the
+#: comment on the DaemonSet's resources.
+BYTES_PER_KEY = 2250
+BASE_BYTES = 20 * 2**20
+
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 10**3, "M": 10**6, "G": 10**9}
+
+
+def quantity(text):
+    text = str(text)
+    for suffix, factor in UNITS.items():
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+def check_memory(name, resources):
+    max_keys = None
+    for resource in resources:
+        if resource.get("kind") == "ConfigMap":
+            text = resource.get("data", {}).get("gossamer.toml")
+            if text is not None:
+                max_keys = tomllib.loads(text).get("server", {}).get("max_keys", 1_000_000)
+    if max_keys is None:
+        return
+    needed = max_keys * BYTES_PER_KEY + BASE_BYTES
+    for resource, spec in pod_specs(resources):
+        if resource.get("kind") != "DaemonSet":
+            continue
+        for container in spec.get("containers", []):
+            res = container.get("resources", {})
+            label = f"{name}: DaemonSet container {container['name']}"
+            for which in ("requests", "limits"):
+                value = res.get(which, {}).get("memory")
+                if value is None or quantity(value) < needed:
+                    fail(f"{label}: memory {which} {value} < max_keys {max_keys} x "
+                         f"{BYTES_PER_KEY} B + {BASE_BYTES // 2**20} MiB = {needed / 2**20:.0f} MiB")
+                else:
+                    print(f"ok   {label}: memory {which} {value} >= {needed / 2**20:.0f} MiB "
+                          f"(max_keys {max_keys})")
+
+
 def main():
     if len(sys.argv) < 2:
         print(__doc__)
@@ -186,6 +299,9 @@ def main():
         validate(name, resources, version)
         check_config(name, resources, binary)
         check_flags(name, resources, binary)
+        check_secret_access(name, resources)
+        check_tolerations(name, resources)
+        check_memory(name, resources)
     if failures:
         print(f"\n{len(failures)} problem(s) in deploy/kubernetes")
         return 1
