@@ -27,7 +27,7 @@ use crate::counter::{Actor, Delta, Digest};
 /// gave back (`returned`). Version 5: the aggregation tree's sums carry `vouch`, and a
 /// leaving tree node hands its counts to a carrier ([`Message::TreeHandoff`],
 /// [`Message::TreeCarried`]).
-pub const WIRE_VERSION: u8 = 5;
+pub const WIRE_VERSION: u8 = 6;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
 /// takes ~40 bytes, so a frame holds ~25,000 of them; a digest of one rule takes at most
@@ -158,6 +158,10 @@ pub struct RoundFrame {
     /// A hash of the sender's view of the cluster (members and which of them it suspects);
     /// nodes whose views differ do not lease in that round.
     pub view: u64,
+    /// `Some(n)`: the sender's last instant was consistent with all of its `n` participants
+    /// reachable, so it may hold *starters* of keys that instant found idle (each a share of
+    /// the limit over `n`); the receivers' next instant charges them to it (design §3.3.1).
+    pub open: Option<u32>,
     /// `None`: `keys` lists every key the sender is active on. `Some(r)`: only the keys whose
     /// counts, demand or holdings changed in rounds `r..=round`, so a receiver that holds the
     /// sender's complete state through round `r - 1` is complete through `round` (a frame or
@@ -327,23 +331,24 @@ mod tests {
         (
             actor(),
             any::<u64>(),
-            any::<u64>(),
+            (any::<u64>(), proptest::option::of(any::<u32>())),
             proptest::option::of(any::<u64>()),
             (any::<u32>(), any::<u32>()),
             proptest::collection::vec(key, 0..6),
         )
-            .prop_map(
-                |(from, round, view, since, (part, parts), keys)| RoundFrame {
+            .prop_map(|(from, round, (view, open), since, (part, parts), keys)| {
+                RoundFrame {
                     from,
                     round,
                     view,
+                    open,
                     since,
                     part,
                     parts,
                     want_full: vec!["node-2".into()],
                     keys,
-                },
-            )
+                }
+            })
     }
 
     fn tree_sums() -> impl Strategy<Value = TreeSums> {
@@ -439,7 +444,7 @@ mod tests {
         assert!(matches!(err, WireError::Version(3)));
         assert_eq!(
             err.to_string(),
-            "frame version 3 is not supported (this node speaks version 5)"
+            "frame version 3 is not supported (this node speaks version 6)"
         );
     }
 

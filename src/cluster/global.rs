@@ -323,8 +323,11 @@ struct Grant {
     /// What this node should hold of the slot's room, as of the last instant that allotted
     /// it: a boundary returns what it holds beyond this.
     target: u64,
-    /// A starter grant: valid only until the next boundary.
+    /// A starter grant (design §3.3.1): valid until the instant after the one whose phase
+    /// allowed it (`opened`), which charges it to this node as held room or ends it.
     starter: bool,
+    /// For a starter, the round of the instant that allowed it.
+    opened: u64,
 }
 
 impl Grant {
@@ -563,6 +566,8 @@ struct Phase {
     /// The last instant was consistent, with every participant reachable (starters are
     /// granted only then).
     consistent: bool,
+    /// The round of the last instant.
+    round: u64,
 }
 
 /// A peer as the round protocol tracks it.
@@ -578,6 +583,8 @@ struct Peer {
     applied: Option<u64>,
     /// The view hash of each applied round, for the consistency check (last few only).
     views: BTreeMap<u64, u64>,
+    /// What each applied round's frame said of the peer's starters (`RoundFrame::open`).
+    opens: BTreeMap<u64, Option<u32>>,
     /// Rounds missed in a row.
     missed: u32,
     suspected: bool,
@@ -606,6 +613,7 @@ impl Peer {
             complete_to: None,
             applied: None,
             views: BTreeMap::new(),
+            opens: BTreeMap::new(),
             missed: 0,
             suspected: false,
             reports: (0..rules).map(|_| HashMap::default()).collect(),
@@ -693,6 +701,8 @@ struct RoundState {
     instant: Option<u64>,
     /// The view hash this node published at each recent boundary.
     my_views: BTreeMap<u64, u64>,
+    /// What this node's frame of each recent round said of its starters (`RoundFrame::open`).
+    my_opens: BTreeMap<u64, Option<u32>>,
     /// The participants of the last fully consistent instant, in the order of every
     /// [`HoldRecord`].
     hold_nodes: Vec<Actor>,
@@ -818,6 +828,7 @@ impl Global {
                 boundary: None,
                 instant: None,
                 my_views: BTreeMap::new(),
+                my_opens: BTreeMap::new(),
                 hold_nodes: Vec::new(),
                 stats: Stats::default(),
                 view_changed: true,
@@ -882,12 +893,13 @@ impl Global {
         Phase {
             open: p & 1 != 0,
             consistent: p & 2 != 0,
+            round: p >> 2,
         }
     }
 
     fn set_phase(&self, p: Phase) {
         self.phase.store(
-            u64::from(p.open) | (u64::from(p.consistent) << 1),
+            u64::from(p.open) | (u64::from(p.consistent) << 1) | (p.round << 2),
             Ordering::Release,
         );
     }
@@ -933,7 +945,7 @@ impl Global {
             |k| k.is_fresh(r, now, n),
             |k| {
                 let (index, decision) = self.decide(r, k, cost, max_wait, now, phase, n);
-                charge(r, k, &decision, cost, now, n);
+                charge(r, k, &decision, cost, now, n, phase.round);
                 (index, decision)
             },
         )
@@ -1437,9 +1449,10 @@ impl Global {
 
     /// The boundary of round `n`: snapshot own counts, publish the frame, open the gap.
     fn boundary(&self, st: &mut RoundState, n: u64, now: Nanos) -> Vec<Output> {
+        let phase = self.phase();
         self.set_phase(Phase {
             open: false,
-            consistent: self.phase().consistent,
+            ..phase
         });
         let full =
             st.view_changed || st.full_requested || n % (5 * self.params.full_every.max(1)) == 0;
@@ -1502,9 +1515,10 @@ impl Global {
                     w.grants.retain(|g| g.slot >= cur);
                     let mut held = Vec::new();
                     for g in &mut w.grants {
+                        // A starter runs on to the next instant, which charges it to this
+                        // node (or ends it); it is no held room to publish.
                         if g.starter {
-                            g.allowance = g.used;
-                            g.starter = false;
+                            continue;
                         }
                         // Hand back what the last allotment no longer wants here (not while
                         // holding for a partition: nobody could be allotted it).
@@ -1587,6 +1601,15 @@ impl Global {
         st.stats.key_visits += visits as u64;
         let view = self.view(st);
         st.my_views.insert(n, view);
+        // Whether this node may hold starters from its last instant, and at what size: the
+        // next instant charges them (design §3.3.1).
+        let open = phase
+            .consistent
+            .then(|| u32::try_from(self.participants.load(Ordering::Relaxed)).unwrap_or(u32::MAX));
+        st.my_opens.insert(n, open);
+        while st.my_opens.len() > 4 {
+            st.my_opens.pop_first();
+        }
         while st.my_views.len() > 4 {
             st.my_views.pop_first();
         }
@@ -1602,6 +1625,7 @@ impl Global {
                     from: self.me.clone(),
                     round: n,
                     view,
+                    open,
                     since,
                     part: part as u32,
                     parts,
@@ -1638,20 +1662,25 @@ impl Global {
         let Some(p) = peers.get_mut(node) else { return };
         let Some(first) = parts.first() else { return };
         let wants_me = first.want_full.contains(&self.me.node);
-        let (round, since, view) = (first.round, first.since, first.view);
+        let (round, since, view, open) = (first.round, first.since, first.view, first.open);
         let header = RoundFrame {
             from: first.from.clone(),
             round,
             view,
+            open,
             since,
             part: 0,
             parts: first.parts,
             want_full: Vec::new(),
             keys: Vec::new(),
         };
-        let agree = parts
-            .iter()
-            .all(|f| f.from == p.actor && f.round == round && f.since == since && f.view == view);
+        let agree = parts.iter().all(|f| {
+            f.from == p.actor
+                && f.round == round
+                && f.since == since
+                && f.view == view
+                && f.open == open
+        });
         if !agree || p.applied.is_some_and(|a| a >= round) {
             return;
         }
@@ -1682,6 +1711,10 @@ impl Global {
         p.views.insert(frame.round, frame.view);
         while p.views.len() > 4 {
             p.views.pop_first();
+        }
+        p.opens.insert(frame.round, frame.open);
+        while p.opens.len() > 4 {
+            p.opens.pop_first();
         }
         p.returned.iter_mut().for_each(HashMap::clear);
         p.returned_round = frame.round;
@@ -1877,6 +1910,7 @@ impl Global {
         self.set_phase(Phase {
             open: true,
             consistent: consistent && all_reachable,
+            round: n,
         });
         // Allot every key. The participants, this node first, then peers in node order.
         let boundary_next = (n + 1) * self.params.round;
@@ -1955,8 +1989,18 @@ impl Global {
                 }
                 if !consistent {
                     // Degraded: no grant, what is held stays held, and the key stays as known
-                    // as it was (no starter is granted until a consistent instant). Others'
-                    // counts are refreshed for `remaining` where they changed.
+                    // as it was (no starter is granted until a consistent instant). A starter
+                    // an earlier instant allowed ends: the consistent nodes charge it to this
+                    // one now, but none will next round. Others' counts are refreshed for
+                    // `remaining` where they changed.
+                    for s in k.limits.iter_mut() {
+                        if let LState::Window(w) = s {
+                            for g in w.grants.iter_mut().filter(|g| g.starter && g.opened < n) {
+                                g.allowance = g.used;
+                                g.starter = false;
+                            }
+                        }
+                    }
                     if k.inputs_changed {
                         for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
                             if let LState::Window(w) = s {
@@ -1969,7 +2013,16 @@ impl Global {
                 let was_known = k.known;
                 k.known = true;
                 let changed = std::mem::replace(&mut k.inputs_changed, false);
-                if renewable && was_known && !changed && renew(r, k, now, boundary_next) {
+                let has_starter = k.limits.iter().any(|s| match s {
+                    LState::Window(w) => w.grants.iter().any(|g| g.starter),
+                    LState::Bucket(_) => false,
+                });
+                if renewable
+                    && was_known
+                    && !changed
+                    && !has_starter
+                    && renew(r, k, now, boundary_next)
+                {
                     return;
                 }
                 scratch.demands.clear();
@@ -2271,6 +2324,22 @@ impl Global {
         let mut claims = None;
         // The earlier slots' holdings and grants, for a later slot's budget.
         let mut claimed_before: Vec<(u64, u64)> = Vec::new();
+        // What each reachable participant's frame of this round said of its starters, and
+        // whether this node is charged its own (and the room that adds to what it holds).
+        let round_now = now / self.params.round;
+        let opens: Vec<Option<u32>> = reachable
+            .iter()
+            .map(|&i| match parts[i].peer {
+                None => st.my_opens.get(&round_now).copied().flatten(),
+                Some(p) => p.opens.get(&round_now).copied().flatten(),
+            })
+            .collect();
+        let mut charged = false;
+        // Whether the frames show a count in the current slot (then a starter not charged
+        // ends: the others no longer count it).
+        let mut used_in_cur = false;
+        let mut helds_me = 0u64;
+        let mut my_extra = 0u64;
         // Whether anyone uses the key: counts, demand or holdings in a slot allotted here.
         let mut in_use = in_demand;
         let hold_from = st.hold_from;
@@ -2286,7 +2355,35 @@ impl Global {
                 mine.push((x, 0, u64::MAX));
                 continue;
             }
-            let helds: Vec<u64> = (0..reachable.len()).map(|j| held_in(j, x)).collect();
+            let mut helds: Vec<u64> = (0..reachable.len()).map(|j| held_in(j, x)).collect();
+            // Starters (design §3.3.1): a node whose frame says its last instant was
+            // consistent with every participant reachable may hold a starter of a key found
+            // idle, up to a share of the limit, spent before its boundary or since. Once the
+            // frames show the key used (a count in the slot) and nothing that rules starters
+            // out (no room held in the slot, no count past a starter's size), each such node is
+            // charged its whole starter as held room. Until a count shows, a starter runs on.
+            if x == cur && all_reachable {
+                used_in_cur = reachable
+                    .iter()
+                    .any(|&i| slots.count(cur, parts[i].actor) > 0);
+                let started = opens.iter().enumerate().all(|(j, open)| {
+                    let size = open.map_or(0, |n| c / u64::from(n.max(1)));
+                    let count = slots.count(cur, parts[reachable[j]].actor);
+                    helds[j] == 0 && count <= size
+                });
+                if started && used_in_cur {
+                    for (j, open) in opens.iter().enumerate() {
+                        if let Some(n) = open {
+                            let size = c / u64::from((*n).max(1));
+                            let count = slots.count(cur, parts[reachable[j]].actor);
+                            helds[j] = helds[j].max(size.saturating_sub(count));
+                        }
+                    }
+                    charged = opens[0].is_some();
+                    helds_me = helds[0];
+                    my_extra = helds[0].saturating_sub(held_in(0, cur));
+                }
+            }
             let held_total: u64 = helds.iter().copied().fold(0, u64::saturating_add);
             let a = if x == cur {
                 l.budget(cur, now, count)
@@ -2303,11 +2400,14 @@ impl Global {
             let total = c.saturating_sub(a);
             let free = total.saturating_sub(held_total);
             in_use |= a > 0 || held_total > 0;
-            // Targets, while the key is in use (an idle key's holdings all go back, so it can
-            // be forgotten): the escrow, the room below (1 − m)·C, evenly, so that every
-            // participant admits its share at once wherever the demand was; the rest by
-            // demand weight.
-            let mut targets: Vec<u64> = if a > 0 || in_demand {
+            // Targets, while the slot is in use (counts, demand or room held; an idle slot's
+            // holdings all go back, so the key can be forgotten): the escrow, the room below
+            // (1 − m)·C, evenly, so that every participant admits its share at once wherever
+            // the demand was; the rest by demand weight. Room held keeps a slot in use: a
+            // slot leased ahead (with the previous slot's holdings counted against it) is not
+            // handed back at its start only to be leased again a round later.
+            let active = a > 0 || in_demand || held_total > 0;
+            let mut targets: Vec<u64> = if active {
                 let even = escrow(c, a) / reachable.len().max(1) as u64;
                 let rest = total - even * reachable.len() as u64;
                 weights
@@ -2317,7 +2417,7 @@ impl Global {
             } else {
                 vec![0; reachable.len()]
             };
-            let mut left = if a > 0 || in_demand {
+            let mut left = if active {
                 total - targets.iter().sum::<u64>().min(total)
             } else {
                 0
@@ -2371,6 +2471,38 @@ impl Global {
             // This node is parts[0], so first among the reachable.
             mine.push((x, grants[0], targets[0]));
         }
+        // This node's starters: charged, the one of the current slot becomes held room (what
+        // it holds is what it was charged: its count plus that room is the starter); a starter
+        // from an earlier instant not charged ends here. One this instant allowed stays.
+        for g in &mut w.grants {
+            if !g.starter {
+                continue;
+            }
+            if charged && g.slot == cur && all_reachable {
+                // Its count and the room it holds now are what the others charge it (less,
+                // if the participants changed since it was allowed).
+                let charged_claim = slots.count(cur, &self.me).saturating_add(helds_me);
+                g.allowance = g.allowance.min(charged_claim).max(g.used);
+                g.starter = false;
+                my_extra = 0;
+            } else if g.opened < round_now && (!all_reachable || g.slot != cur || used_in_cur) {
+                g.allowance = g.used;
+                g.starter = false;
+            }
+        }
+        if my_extra > 0 {
+            match w.grants.iter_mut().find(|g| g.slot == cur && !g.starter) {
+                Some(g) => g.allowance = g.allowance.saturating_add(my_extra),
+                None => w.grants.push(Grant {
+                    slot: cur,
+                    allowance: my_extra,
+                    used: 0,
+                    target: 0,
+                    starter: false,
+                    opened: 0,
+                }),
+            }
+        }
         for (x, grant, target) in mine {
             match w.grants.iter_mut().find(|g| g.slot == x && !g.starter) {
                 Some(g) => {
@@ -2383,6 +2515,7 @@ impl Global {
                     used: 0,
                     target,
                     starter: false,
+                    opened: 0,
                 }),
                 None => {}
             }
@@ -2651,11 +2784,12 @@ fn copy_others(slots: &SlotReader<'_>, l: &GLimit, w: &mut WState, now: Nanos) {
 }
 
 /// Whether a key nobody holds a lease for may be admitted on first touch (design §3.3.1,
-/// starters): the last instant was consistent and did not know the key (nobody used it,
-/// holds room of it or asked for it), and it is not the gap. The caller also checks that no
-/// count in the slots the budget reads is known.
+/// starters): the last instant was consistent with every participant reachable and did not
+/// know the key (nobody used it, holds room of it or asked for it). The gap after a boundary
+/// included: the next instant charges the starter to this node whatever it spent. The caller
+/// also checks that no count in the slots the budget reads is known.
 fn starter_allowed(known: bool, phase: Phase) -> bool {
-    !known && phase.open && phase.consistent
+    !known && phase.consistent
 }
 
 /// Records a check's `decision` in the key: its cost as demand (unless it can never fit) and,
@@ -2667,6 +2801,7 @@ fn charge(
     cost: u64,
     now: Nanos,
     participants: u64,
+    opened: u64,
 ) {
     if cost == 0 {
         return;
@@ -2680,7 +2815,7 @@ fn charge(
     for (l, s) in rule.limits.iter().zip(key.limits.iter_mut()) {
         match s {
             LState::Window(w) => {
-                commit_window(l, w, cost, now, participants);
+                commit_window(l, w, cost, now, participants, opened);
                 key.counts_dirty = true;
             }
             LState::Bucket(b) => {
@@ -2697,7 +2832,14 @@ fn starter(l: &GLimit, participants: u64) -> u64 {
     l.limit.limit() / participants.max(1)
 }
 
-fn commit_window(l: &GLimit, w: &mut WState, cost: u64, now: Nanos, participants: u64) {
+fn commit_window(
+    l: &GLimit,
+    w: &mut WState,
+    cost: u64,
+    now: Nanos,
+    participants: u64,
+    opened: u64,
+) {
     let s = l.slot(now);
     let starter = Grant {
         slot: s,
@@ -2705,6 +2847,7 @@ fn commit_window(l: &GLimit, w: &mut WState, cost: u64, now: Nanos, participants
         used: cost,
         target: 0,
         starter: true,
+        opened,
     };
     match w.grants.iter_mut().find(|g| g.slot == s) {
         // An instant that found the key idle left it an empty lease: a starter replaces it.
