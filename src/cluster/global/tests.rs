@@ -1076,3 +1076,46 @@ fn quiet_users_table() {
         }
     }
 }
+
+/// Admitted over 8 full windows of a hot key at three times its limit, as a part of the
+/// ideal (the limit per window), per node count and load split.
+fn at_the_limit(nodes: usize, per_mille: &[u64], seed: u64) -> f64 {
+    let mut sim = Sim::new(nodes, rules_fixed(), Params::default(), seed);
+    sim.advance(300 * MS);
+    sim.load("api", "hot", per_mille, 10 * SECOND);
+    let windows = sim.per_window();
+    assert!(windows.values().all(|&n| n <= 100), "{windows:?}");
+    let full: u64 = windows.values().skip(1).take(8).sum();
+    full as f64 / 800.0
+}
+
+#[test]
+fn a_hot_key_at_three_times_its_limit_gets_nearly_all_of_it() {
+    for seed in 1..=3 {
+        for (nodes, load) in [
+            (3, vec![100, 100, 100]),
+            (3, vec![240, 30, 30]),
+            (5, vec![60, 60, 60, 60, 60]),
+            (5, vec![240, 15, 15, 15, 15]),
+        ] {
+            let share = at_the_limit(nodes, &load, seed);
+            assert!(
+                share >= 0.98,
+                "seed {seed}, {load:?}: {:.1}%",
+                100.0 * share
+            );
+        }
+    }
+}
+
+#[test]
+#[ignore = "a measurement: 100 nodes sharing 100/s"]
+fn hundred_nodes_share_a_limit() {
+    for seed in 1..=2 {
+        let share = at_the_limit(100, &[2; 100], seed);
+        println!(
+            "100 nodes, 2x load, seed {seed}: {:.1}% of the limit",
+            100.0 * share
+        );
+    }
+}
