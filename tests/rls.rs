@@ -752,3 +752,44 @@ async fn the_http_batch_check_is_all_or_nothing_with_one_answer_per_item() {
     assert_eq!(v["results"][0]["remaining"], 6);
     node.stop().await;
 }
+
+#[test]
+fn a_bad_yaml_file_exits_2_naming_file_domain_descriptor_and_field() {
+    let dir = TempDir::new();
+    let yaml = dir.0.join("bad.yaml");
+    std::fs::write(
+        &yaml,
+        "domain: shop\ndescriptors:\n  - key: tenant\n    value: acme\n    descriptors:\n      - key: user\n        rate_limit: {unit: fortnight, requests_per_unit: 5}\n",
+    )
+    .unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_gossamer"))
+        .args([
+            "serve",
+            "--http",
+            "127.0.0.1:0",
+            "--grpc",
+            "127.0.0.1:0",
+            "--rls-config",
+        ])
+        .arg(&yaml)
+        .env_remove("GOSSAMER_CONFIG")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + STEP;
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("a node with a bad RLS config kept running");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    let expected = format!(
+        "{}: domain \"shop\", descriptor \"tenant=acme > user\", field \"rate_limit.unit\": \"fortnight\" is not a unit",
+        yaml.display()
+    );
+    assert!(stderr.contains(&expected), "{stderr}");
+}

@@ -155,10 +155,7 @@ async fn an_independent_grpcio_client_gets_envoys_answers() {
     let _ = std::fs::remove_dir_all(&dir);
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "client failed\n{stdout}\n{stderr}"
-    );
+    assert!(output.status.success(), "client failed\n{stdout}\n{stderr}");
     for line in [
         "health: SERVING",
         "messaging: 5 admitted",

@@ -101,10 +101,9 @@ impl Table {
             metric.push_str(key);
             let shown = match how {
                 How::Exact => Some(value),
-                How::Wildcard if node.share_threshold => node
-                    .value
-                    .as_deref()
-                    .map(|p| p.split('*').next().unwrap_or(p)),
+                // Values sharing a threshold share a label: the pattern, as
+                // envoyproxy/ratelimit's code (not its README) names it.
+                How::Wildcard if node.share_threshold => node.value.as_deref(),
                 How::Wildcard if node.value_to_metric => Some(value),
                 How::Wildcard => node.value.as_deref(),
                 How::Any if node.value_to_metric => Some(value),
