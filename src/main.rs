@@ -444,6 +444,16 @@ fn config_check(file: &std::path::Path) -> ExitCode {
     match Config::load(Some(file), &Overrides::default()) {
         Ok(config) => {
             println!("{}: ok, {} rule(s)", file.display(), config.rules.len());
+            if let Some(rls) = &config.rls.config {
+                let domains: Vec<&str> =
+                    config.rls.domains.iter().map(|d| d.name.as_str()).collect();
+                println!(
+                    "  RLS config {}: {} domain(s): {}",
+                    rls.display(),
+                    domains.len(),
+                    domains.join(", ")
+                );
+            }
             for rule in &config.rules {
                 let limits: Vec<String> = rule
                     .limits
