@@ -168,10 +168,15 @@ impl Running {
     }
 
     async fn metrics(&self) -> String {
-        let mut c = Client::connect(&format!("http://{}", self.http))
+        let scrape = async {
+            let mut c = Client::connect(&format!("http://{}", self.http))
+                .await
+                .unwrap();
+            c.get("/metrics").await.unwrap()
+        };
+        let reply = tokio::time::timeout(STEP, scrape)
             .await
-            .unwrap();
-        let reply = c.get("/metrics").await.unwrap();
+            .expect("scraped in time");
         String::from_utf8(reply.body.to_vec()).unwrap()
     }
 
@@ -594,9 +599,11 @@ async fn response_headers_name_the_closest_limit_with_configured_names() {
 async fn health_and_unavailable_follow_readiness() {
     let node = Running::start("", &[("edge.yaml", YAML_MORE)]).await;
     let mut c = node.client().await;
-    let mut health = HealthClient::connect(format!("http://{}", node.grpc))
-        .await
-        .unwrap();
+    let mut health =
+        tokio::time::timeout(STEP, HealthClient::connect(format!("http://{}", node.grpc)))
+            .await
+            .expect("connects in time")
+            .unwrap();
     let check = |service: &str| HealthCheckRequest {
         service: service.into(),
     };

@@ -125,6 +125,16 @@ def main(address):
     refused(stub, "1 MiB value", "edge", [fresh, descriptor([("user", "v" * (1 << 20))])])
     for unit in [0, 9, 1000]:
         refused(stub, f"unit {unit}", "edge", [fresh, descriptor(user, limit=(1, unit))])
+    # Bytes that are no RateLimitRequest (a domain that is not UTF-8, a truncated field):
+    # the protobuf decoder refuses them (INTERNAL, as gRPC's status guide has it for parse
+    # errors) and the node goes on answering.
+    raw = channel.unary_unary("/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
+    for garbage in [b"\x0a\x02\xff\xfe", b"\x12\xff\xff\xff\x0f", b"\xff"]:
+        try:
+            raw(garbage, timeout=10)
+            raise AssertionError(f"{garbage!r} was answered")
+        except grpc.RpcError as e:
+            expect(f"{garbage!r}", e.code(), grpc.StatusCode.INTERNAL)
     r = ask(stub, "edge", [descriptor([("user", "fresh")], hits=0)])
     expect("nothing charged by refusals", r.statuses[0].limit_remaining, 3)
     print("malformed requests: INVALID_ARGUMENT")

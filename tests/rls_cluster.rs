@@ -104,8 +104,10 @@ async fn three_nodes_hold_one_domains_limit_over_rls() {
         let addr = *addr;
         let clock = clock.clone();
         loads.push(tokio::spawn(async move {
-            let mut client = RateLimitServiceClient::connect(format!("http://{addr}"))
+            let connect = RateLimitServiceClient::connect(format!("http://{addr}"));
+            let mut client = tokio::time::timeout(Duration::from_secs(10), connect)
                 .await
+                .expect("connects in time")
                 .unwrap();
             let request = RateLimitRequest {
                 domain: "api".into(),
