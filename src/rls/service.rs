@@ -674,21 +674,26 @@ impl Dynamic {
     }
 }
 
-/// A descriptor series: domain, label, result, shadow.
-type Series = (String, String, &'static str, bool);
+/// Request codes, as [`RlsMetrics`] counts them.
+const CODES: [&str; 3] = ["ok", "over_limit", "shadow_over_limit"];
+/// Descriptor results, as [`RlsMetrics`] counts them (each with shadow false, then true).
+const RESULTS: [&str; 4] = ["within_limit", "over_limit", "unlimited", "replaced"];
 
-/// The RLS's counters.
+/// The RLS's counters. Series are created on first use (up to [`MAX_SERIES`] of each kind)
+/// and looked up by reference after, so counting allocates nothing for a known series.
 #[derive(Debug, Default)]
 pub struct RlsMetrics {
-    /// (domain, code, shadowed) -> requests.
-    requests: Mutex<HashMap<(String, &'static str), u64>>,
-    /// (domain, descriptor label, result, shadow) -> descriptors.
-    descriptors: Mutex<HashMap<Series, u64>>,
+    /// domain -> requests by [`CODES`].
+    requests: Mutex<HashMap<String, [u64; 3]>>,
+    /// domain -> descriptor label -> descriptors by [`RESULTS`] x shadow.
+    descriptors: Mutex<HashMap<String, HashMap<String, [u64; 8]>>>,
+    /// Descriptor series held (for the bound).
+    series: AtomicU64,
     /// Requests refused as malformed (INVALID_ARGUMENT).
     pub invalid: AtomicU64,
     /// Requests refused because the node could not decide (UNAVAILABLE).
     pub unavailable: AtomicU64,
-    /// Series not kept past [`MAX_SERIES`].
+    /// Counts not kept past [`MAX_SERIES`].
     pub dropped: AtomicU64,
 }
 
@@ -701,17 +706,18 @@ impl RlsMetrics {
         descriptors: &[(String, &'static str, bool)],
     ) {
         let code = match (overall, shadowed) {
-            (Code::OverLimit, _) => "over_limit",
-            (_, true) => "shadow_over_limit",
-            _ => "ok",
+            (Code::OverLimit, _) => 1,
+            (_, true) => 2,
+            _ => 0,
         };
         {
             let mut requests = self.requests.lock().unwrap_or_else(|p| p.into_inner());
-            let key = (domain.to_owned(), code);
-            if let Some(n) = requests.get_mut(&key) {
-                *n += 1;
+            if let Some(n) = requests.get_mut(domain) {
+                n[code] += 1;
             } else if requests.len() < MAX_SERIES {
-                requests.insert(key, 1);
+                let mut n = [0; 3];
+                n[code] = 1;
+                requests.insert(domain.to_owned(), n);
             } else {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
             }
@@ -721,14 +727,22 @@ impl RlsMetrics {
         }
         let mut map = self.descriptors.lock().unwrap_or_else(|p| p.into_inner());
         for (label, result, shadow) in descriptors {
-            let key = (domain.to_owned(), label.clone(), *result, *shadow);
-            if let Some(n) = map.get_mut(&key) {
-                *n += 1;
-            } else if map.len() < MAX_SERIES {
-                map.insert(key, 1);
-            } else {
-                self.dropped.fetch_add(1, Ordering::Relaxed);
+            let i =
+                RESULTS.iter().position(|r| r == result).unwrap_or(0) * 2 + usize::from(*shadow);
+            if let Some(n) = map.get_mut(domain).and_then(|m| m.get_mut(label.as_str())) {
+                n[i] += 1;
+                continue;
             }
+            if self.series.load(Ordering::Relaxed) >= MAX_SERIES as u64 {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.series.fetch_add(1, Ordering::Relaxed);
+            let mut n = [0; 8];
+            n[i] = 1;
+            map.entry(domain.to_owned())
+                .or_default()
+                .insert(label.clone(), n);
         }
     }
 
@@ -741,7 +755,7 @@ impl RlsMetrics {
                 .replace('\n', "\\n")
         };
         out.push_str("# HELP gossamer_rls_requests_total RLS requests answered, by domain and code (shadow_over_limit: OVER_LIMIT answered OK in shadow mode).\n# TYPE gossamer_rls_requests_total counter\n");
-        let mut requests: Vec<_> = self
+        let mut requests: Vec<(String, [u64; 3])> = self
             .requests
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -749,29 +763,43 @@ impl RlsMetrics {
             .map(|(k, v)| (k.clone(), *v))
             .collect();
         requests.sort();
-        for ((domain, code), n) in requests {
-            let _ = writeln!(
-                out,
-                "gossamer_rls_requests_total{{domain=\"{}\",code=\"{code}\"}} {n}",
-                esc(&domain)
-            );
+        for (domain, counts) in requests {
+            for (code, n) in CODES.iter().zip(counts) {
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "gossamer_rls_requests_total{{domain=\"{}\",code=\"{code}\"}} {n}",
+                        esc(&domain)
+                    );
+                }
+            }
         }
         out.push_str("# HELP gossamer_rls_descriptors_total RLS descriptors decided, by domain, descriptor (envoyproxy/ratelimit's stat key), result and shadow mode.\n# TYPE gossamer_rls_descriptors_total counter\n");
-        let mut descriptors: Vec<_> = self
+        let mut rows: Vec<(String, String, [u64; 8])> = Vec::new();
+        for (domain, labels) in self
             .descriptors
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()
-            .map(|(k, v)| (k.clone(), *v))
-            .collect();
-        descriptors.sort();
-        for ((domain, label, result, shadow), n) in descriptors {
-            let _ = writeln!(
-                out,
-                "gossamer_rls_descriptors_total{{domain=\"{}\",descriptor=\"{}\",result=\"{result}\",shadow=\"{shadow}\"}} {n}",
-                esc(&domain),
-                esc(&label)
-            );
+        {
+            for (label, counts) in labels {
+                rows.push((domain.clone(), label.clone(), *counts));
+            }
+        }
+        rows.sort();
+        for (domain, label, counts) in rows {
+            for (i, n) in counts.iter().enumerate() {
+                if *n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "gossamer_rls_descriptors_total{{domain=\"{}\",descriptor=\"{}\",result=\"{}\",shadow=\"{}\"}} {n}",
+                        esc(&domain),
+                        esc(&label),
+                        RESULTS[i / 2],
+                        i % 2 == 1
+                    );
+                }
+            }
         }
         let _ = writeln!(
             out,
