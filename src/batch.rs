@@ -74,38 +74,37 @@ pub enum Step<'e> {
 /// returned as [`Step::Pause`] instead, charging nothing.
 pub fn check_all<'e>(items: &[Item<'e, '_>], may_pause: bool) -> Result<Step<'e>, UnknownRule> {
     let charging = items.iter().filter(|i| i.cost > 0).count();
-    // Standing of every item first: unknown rules are refused before anything is charged.
-    let mut standing = Vec::with_capacity(items.len());
+    // Unknown rules are refused before anything is charged.
     for item in items {
-        standing.push(item.engine.status(item.rule, item.key)?);
+        item.engine.rule(item.rule)?;
     }
-    if charging == 1 {
-        // One charge: a single exact check.
+    if charging <= 1 {
+        // At most one charge: a single exact check, and standings for the rest.
         let mut results = Vec::with_capacity(items.len());
         let mut admitted = true;
-        for (item, status) in items.iter().zip(standing) {
+        for item in items {
+            let engine = item.engine;
             if item.cost == 0 {
                 results.push(ItemResult {
-                    checked: status,
+                    checked: engine.status(item.rule, item.key)?,
                     fate: Fate::Reported,
                 });
                 continue;
             }
-            let engine = item.engine;
             let checked = engine.check_uncounted(item.rule, item.key, item.cost, 0)?;
             if may_pause && let Some(pause) = engine.lease_pause(&checked, item.cost) {
                 return Ok(Step::Pause(pause, engine.instants()));
             }
             engine.count(&checked);
             admitted = checked.outcome == Outcome::Allowed;
-            let fate = if admitted {
-                Fate::Charged
-            } else {
-                Fate::Denied
-            };
+            let fate = if admitted { Fate::Charged } else { Fate::Denied };
             results.push(ItemResult { checked, fate });
         }
         return Ok(Step::Done(admitted, results));
+    }
+    let mut standing = Vec::with_capacity(items.len());
+    for item in items {
+        standing.push(item.engine.status(item.rule, item.key)?);
     }
     // Predict.
     let mut predicted: Vec<ItemResult<'e>> = Vec::with_capacity(items.len());
