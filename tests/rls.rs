@@ -780,6 +780,9 @@ fn a_bad_yaml_file_exits_2_naming_file_domain_descriptor_and_field() {
         ])
         .arg(&yaml)
         .env_remove("GOSSAMER_CONFIG")
+        .env_remove("GOSSAMER_NODE_ID")
+        .env_remove("GOSSAMER_GOSSIP")
+        .env_remove("GOSSAMER_SEEDS")
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
