@@ -97,7 +97,11 @@ pub fn check_all<'e>(items: &[Item<'e, '_>], may_pause: bool) -> Result<Step<'e>
             }
             engine.count(&checked);
             admitted = checked.outcome == Outcome::Allowed;
-            let fate = if admitted { Fate::Charged } else { Fate::Denied };
+            let fate = if admitted {
+                Fate::Charged
+            } else {
+                Fate::Denied
+            };
             results.push(ItemResult { checked, fate });
         }
         return Ok(Step::Done(admitted, results));
