@@ -112,6 +112,10 @@ impl Node {
         if grpc.is_some() {
             let rls = Rls::new(&config.rls, clock.clone(), max_keys);
             let _ = app.rls.set(Arc::new(rls));
+        } else if config.rls.config.is_some() {
+            warn!(
+                "an RLS config is set but no gRPC address ([server] grpc, --grpc): Envoy cannot ask this node; its limits are served to the HTTP API only, as rls.* rules"
+            );
         }
         if let Some((exchange, me)) = cluster {
             let cluster = Cluster::start(&config, exchange, me, clock, rules_hash(&config))
