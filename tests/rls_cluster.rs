@@ -1,7 +1,8 @@
 //! Three nodes on loopback (gossip and QUIC, in this process) answer Envoy's rate limit
 //! service for one domain: under twice the limit spread over all three, the cluster admits at
 //! most the limit in every window and at least 90% of it in every full window, the figures
-//! `tests/netns.rs` holds the HTTP API to.
+//! `tests/netns.rs` holds the HTTP API to; and a clustered node reloads its YAML as it does its
+//! TOML rules.
 
 #![allow(clippy::unwrap_used)] // helpers of tests: a failure should panic where it happens
 
@@ -182,4 +183,110 @@ async fn three_nodes_hold_one_domains_limit_over_rls() {
             "a full window admitted {admitted} < 90% of {due}: {total:?}"
         );
     }
+}
+
+/// On a clustered node a YAML change that keeps the same set of limits (here a new descriptor
+/// value under an existing limit) reloads at once; one that adds a limit is refused, like any
+/// change to global rules, and the running config stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clustered_node_reloads_descriptors_but_refuses_new_limits() {
+    use gossamer::server::ConfigSource;
+    let dir = std::env::temp_dir().join(format!("gossamer-rls-reload-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let yaml = dir.join("api.yaml");
+    std::fs::write(&yaml, YAML).unwrap();
+    let toml = dir.join("node.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[server]\nhttp = \"127.0.0.1:0\"\ngrpc = \"127.0.0.1:0\"\nnode_id = \"solo\"\n[cluster]\ngossip = \"{}\"\nquic = \"127.0.0.1:0\"\ncluster_id = \"rls-reload-{}\"\n[rls]\nconfig = \"api.yaml\"\n",
+            free_udp(),
+            std::process::id()
+        ),
+    )
+    .unwrap();
+    let config = Config::load(Some(&toml), &Overrides::default()).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let node = Node::bind(config, clock)
+        .await
+        .unwrap()
+        .reload_from(ConfigSource {
+            path: Some(toml.clone()),
+            overrides: Overrides::default(),
+        });
+    let grpc = node.grpc_addr().unwrap();
+    let app = node.app();
+    let (stop, stopped) = watch::channel(false);
+    let server = tokio::spawn(node.run(async move {
+        let mut stopped = stopped;
+        let _ = stopped.wait_for(|s| *s).await;
+    }));
+    let connect = RateLimitServiceClient::connect(format!("http://{grpc}"));
+    let mut client = tokio::time::timeout(Duration::from_secs(10), connect)
+        .await
+        .expect("connects in time")
+        .unwrap();
+    let ask = |key: &str, value: &str| RateLimitRequest {
+        domain: "api".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.into(),
+                value: value.into(),
+            }],
+            limit: None,
+            hits_addend: Some(0),
+        }],
+        hits_addend: 0,
+    };
+    // Limit of a descriptor, polling until `want` or 10 s.
+    let mut limit_of = async |key: &str, value: &str, want: Option<u32>| {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let r = tokio::time::timeout(
+                Duration::from_secs(5),
+                client.should_rate_limit(ask(key, value)),
+            )
+            .await
+            .expect("answered in time");
+            let got = r.ok().and_then(|r| {
+                r.into_inner().statuses[0]
+                    .current_limit
+                    .as_ref()
+                    .map(|l| l.requests_per_unit)
+            });
+            if got == want || tokio::time::Instant::now() > deadline {
+                return got;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    assert_eq!(limit_of("user", "u", Some(60)).await, Some(60));
+    assert_eq!(limit_of("team", "t", None).await, None);
+    // Same limit (60/s), a new descriptor: applied.
+    std::fs::write(
+        &yaml,
+        format!("{YAML}  - key: team\n    rate_limit: {{unit: second, requests_per_unit: 60}}\n"),
+    )
+    .unwrap();
+    assert_eq!(limit_of("team", "t", Some(60)).await, Some(60));
+    let refused_before = app.reloads.error.load(std::sync::atomic::Ordering::Relaxed);
+    // A new limit (7/s): refused, the running config stays.
+    std::fs::write(
+        &yaml,
+        format!("{YAML}  - key: team\n    rate_limit: {{unit: second, requests_per_unit: 7}}\n"),
+    )
+    .unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while app.reloads.error.load(std::sync::atomic::Ordering::Relaxed) == refused_before {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the reload was not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(limit_of("team", "t", Some(60)).await, Some(60));
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(15), server).await;
+    let _ = std::fs::remove_dir_all(&dir);
 }
