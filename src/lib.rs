@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod api;
+pub mod batch;
 pub mod client;
 pub mod clock;
 pub mod cluster;
@@ -34,6 +35,7 @@ pub mod demo;
 pub mod engine;
 pub mod limiter;
 pub mod metrics;
+pub mod rls;
 pub mod server;
 pub mod store;
 pub mod wire;

@@ -158,6 +158,14 @@ struct ServeArgs {
     /// Nodes of other clusters are ignored.
     #[arg(long, env = "GOSSAMER_CLUSTER_ID")]
     cluster_id: Option<String>,
+    /// Serve Envoy's rate limit service (gRPC) on this address, e.g. 127.0.0.1:8081
+    /// (`[server] grpc`; off unless set).
+    #[arg(long, env = "GOSSAMER_GRPC")]
+    grpc: Option<SocketAddr>,
+    /// envoyproxy/ratelimit's YAML config: a file, or a directory of *.yaml files
+    /// (`[rls] config`). Reloaded like --config.
+    #[arg(long, env = "GOSSAMER_RLS_CONFIG")]
+    rls_config: Option<PathBuf>,
     /// Log format.
     #[arg(long, env = "GOSSAMER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
@@ -344,9 +352,11 @@ fn serve(args: ServeArgs) -> ExitCode {
         advertise: args.advertise,
         seeds: args.seeds,
         cluster_id: args.cluster_id,
+        grpc: args.grpc,
+        rls_config: args.rls_config,
     };
-    let source = args.config.clone().map(|path| ConfigSource {
-        path,
+    let source = (args.config.is_some() || overrides.rls_config.is_some()).then(|| ConfigSource {
+        path: args.config.clone(),
         overrides: overrides.clone(),
     });
     let config = match Config::load(args.config.as_deref(), &overrides) {
@@ -356,7 +366,7 @@ fn serve(args: ServeArgs) -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    if args.config.is_none() {
+    if args.config.is_none() && overrides.rls_config.is_none() {
         tracing::info!("no --config given: serving the built-in example rules");
     }
     let runtime = match runtime(config.server.check_slice) {
@@ -434,6 +444,16 @@ fn config_check(file: &std::path::Path) -> ExitCode {
     match Config::load(Some(file), &Overrides::default()) {
         Ok(config) => {
             println!("{}: ok, {} rule(s)", file.display(), config.rules.len());
+            if let Some(rls) = &config.rls.config {
+                let domains: Vec<&str> =
+                    config.rls.domains.iter().map(|d| d.name.as_str()).collect();
+                println!(
+                    "  RLS config {}: {} domain(s): {}",
+                    rls.display(),
+                    domains.len(),
+                    domains.join(", ")
+                );
+            }
             for rule in &config.rules {
                 let limits: Vec<String> = rule
                     .limits

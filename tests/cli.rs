@@ -13,8 +13,10 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
 
 /// Variables the binary reads; cleared so the test runner's environment cannot leak in.
-const GOSSAMER_ENV: [&str; 10] = [
+const GOSSAMER_ENV: [&str; 12] = [
     "GOSSAMER_CONFIG",
+    "GOSSAMER_GRPC",
+    "GOSSAMER_RLS_CONFIG",
     "GOSSAMER_HTTP",
     "GOSSAMER_NODE_ID",
     "GOSSAMER_GOSSIP",

@@ -77,6 +77,8 @@ pub struct App {
     pub ready: AtomicBool,
     /// The cluster, when this node is part of one.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::node::Cluster>>,
+    /// Envoy's rate limit service, when configured (`[server] grpc`).
+    pub rls: std::sync::OnceLock<Arc<crate::rls::Rls>>,
     /// How long a client may take to send its body.
     pub request_timeout: Duration,
 }
@@ -163,6 +165,7 @@ impl App {
             gossip,
             ready: AtomicBool::new(true),
             cluster: std::sync::OnceLock::new(),
+            rls: std::sync::OnceLock::new(),
             request_timeout,
         }
     }
@@ -230,6 +233,10 @@ pub fn router(app: Arc<App>) -> Router {
                 .head(only("GET, POST"))
                 .fallback(only("GET, POST")),
         )
+        .route(
+            "/v1/check/batch",
+            axum::routing::post(check_batch).fallback(only("POST")),
+        )
         .route("/v1/status", get(status).fallback(only("GET")))
         .route("/v1/cluster", get(cluster).fallback(only("GET")))
         .route("/metrics", get(metrics).fallback(only("GET")))
@@ -252,6 +259,29 @@ struct CheckBody<'a> {
     #[serde(default)]
     wait_ms: Option<serde_json::Value>,
 }
+
+/// A batch of checks as posted: `{"checks": [{"rule", "key", "cost"}, ...]}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody<'a> {
+    #[serde(borrow, default)]
+    checks: Option<Vec<BatchItemBody<'a>>>,
+}
+
+/// One check of a batch.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchItemBody<'a> {
+    #[serde(borrow, default)]
+    rule: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    key: Option<Cow<'a, str>>,
+    #[serde(default)]
+    cost: Option<serde_json::Value>,
+}
+
+/// The most checks one batch may hold.
+pub const MAX_BATCH: usize = 64;
 
 /// A check or status as a query string.
 #[derive(Debug, Deserialize)]
@@ -359,6 +389,126 @@ where
     };
     let request = validate(parsed.rule.as_deref(), parsed.key.as_deref(), cost, wait_ms)?;
     check(app, request).await
+}
+
+/// `POST /v1/check/batch`: several (rule, key, cost) decided all or nothing
+/// ([`crate::batch`]): 200 when every item was charged, 429 when none was; one result per
+/// item, in order. A cost of 0 reports the key's standing without charging it.
+async fn check_batch(State(app): State<Arc<App>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    match check_batch_body(&app, &parts.headers, body).await {
+        Ok(response) => response,
+        Err(e) => app.refuse(e),
+    }
+}
+
+async fn check_batch_body<B>(app: &App, headers: &HeaderMap, body: B) -> Result<Response, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    const EXAMPLE: &str = r#"{"checks":[{"rule":"api","key":"user-42","cost":1}]}"#;
+    let body = read_body(app, headers, body).await?;
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(ApiError::MalformedJson(format!(
+            "the body must be a JSON object such as {EXAMPLE}"
+        )));
+    }
+    let parsed: BatchBody<'_> = serde_json::from_slice(&body).map_err(json_error)?;
+    let checks = parsed
+        .checks
+        .filter(|c| !c.is_empty())
+        .ok_or(ApiError::MissingField("checks"))?;
+    if checks.len() > MAX_BATCH {
+        return Err(ApiError::MalformedJson(format!(
+            "a batch holds at most {MAX_BATCH} checks, got {}",
+            checks.len()
+        )));
+    }
+    let mut wanted = Vec::with_capacity(checks.len());
+    for c in &checks {
+        let cost = match &c.cost {
+            None => Ok(1),
+            Some(v) => json_whole_number(v).ok_or_else(|| ApiError::InvalidCost(v.to_string())),
+        };
+        let request = validate(c.rule.as_deref(), c.key.as_deref(), cost, Ok(0))?;
+        wanted.push(request);
+    }
+    let started = Instant::now();
+    let decide = |may_pause: bool| -> Result<Result<Response, (Nanos, u64)>, ApiError> {
+        let served = app.served();
+        let items: Vec<crate::batch::Item<'_, '_>> = wanted
+            .iter()
+            .map(|w| crate::batch::Item {
+                engine: &served.engine,
+                rule: w.rule,
+                key: w.key,
+                cost: w.cost,
+            })
+            .collect();
+        match crate::batch::check_all(&items, may_pause) {
+            Err(e) => Err(ApiError::UnknownRule(e.0)),
+            Ok(crate::batch::Step::Pause(pause, seen)) => Ok(Err((pause, seen))),
+            Ok(crate::batch::Step::Done(allowed, results)) => {
+                Ok(Ok(batch_response(allowed, &wanted, &results)))
+            }
+        }
+    };
+    let response = match decide(true)? {
+        Ok(response) => response,
+        Err((pause, seen)) => {
+            app.clock.sleep(pause).await;
+            for _ in 0..10 {
+                if app.served().engine.instants() != seen {
+                    break;
+                }
+                app.clock.sleep(MILLISECOND).await;
+            }
+            match decide(false)? {
+                Ok(response) => response,
+                Err(_) => unreachable!("decide pauses only when asked to"),
+            }
+        }
+    };
+    app.metrics.check_latency.observe(started.elapsed());
+    Ok(response)
+}
+
+fn batch_response(
+    allowed: bool,
+    wanted: &[CheckRequest<'_>],
+    results: &[crate::batch::ItemResult<'_>],
+) -> Response {
+    use crate::batch::Fate;
+    let items: Vec<serde_json::Value> = wanted
+        .iter()
+        .zip(results)
+        .map(|(w, r)| {
+            let d = &r.checked.decision;
+            serde_json::json!({
+                "rule": w.rule,
+                "key": w.key,
+                "cost": w.cost,
+                "allowed": r.fate != Fate::Denied,
+                "charged": r.fate == Fate::Charged,
+                "limit": d.limit,
+                "remaining": d.remaining,
+                "reset_after_ms": ceil_millis(d.reset_after),
+                "retry_after_ms": if r.fate == Fate::Denied { d.retry_after().map(ceil_millis) } else { None },
+                "outcome": if r.fate == Fate::Denied { r.checked.outcome.name() } else { "allowed" },
+            })
+        })
+        .collect();
+    let status = if allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    (
+        status,
+        axum::Json(serde_json::json!({"allowed": allowed, "results": items})),
+    )
+        .into_response()
 }
 
 async fn check_get(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Response {
@@ -744,6 +894,9 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     let mut text = crate::metrics::render(&app.served().engine, &app.metrics, &app.reloads);
     if let Some(cluster) = app.cluster.get() {
         cluster.render_metrics(&mut text);
+    }
+    if let Some(rls) = app.rls.get() {
+        rls.metrics.render(&mut text);
     }
     (
         [(

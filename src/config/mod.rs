@@ -15,6 +15,8 @@ use toml::{Table, Value};
 
 use crate::cluster::global::OnPartition;
 use crate::limiter::{Algorithm, Limit, Nanos};
+use crate::rls::RlsSettings;
+use crate::rls::config::RlsConfigError;
 
 pub use duration::{format_duration, parse_duration};
 
@@ -103,8 +105,11 @@ pub struct Config {
     pub server: ServerConfig,
     /// Cluster settings (accepted now; used once nodes form a cluster).
     pub cluster: ClusterConfig,
-    /// The rules, in file order; names are unique.
+    /// The rules, in file order; names are unique. With an RLS config, its rules
+    /// (`rls.*`, see [`crate::rls::config::rules`]) follow the TOML file's.
     pub rules: Vec<Rule>,
+    /// Envoy's rate limit service: `[rls]`, `--rls-config`, and the domains read.
+    pub rls: RlsSettings,
 }
 
 /// The node and its HTTP server.
@@ -128,6 +133,9 @@ pub struct ServerConfig {
     /// preempts a thread with a longer one at once (Linux 6.12+); zero: the kernel's default.
     /// Read at start only.
     pub check_slice: Duration,
+    /// Where Envoy's rate limit service (gRPC) listens; off when `None` (`[server] grpc`,
+    /// `--grpc`).
+    pub grpc: Option<SocketAddr>,
 }
 
 /// Cluster settings.
@@ -240,6 +248,10 @@ pub struct Overrides {
     pub seeds: Option<Vec<String>>,
     /// `--cluster-id`, `GOSSAMER_CLUSTER_ID`.
     pub cluster_id: Option<String>,
+    /// `--grpc`, `GOSSAMER_GRPC`.
+    pub grpc: Option<SocketAddr>,
+    /// `--rls-config`, `GOSSAMER_RLS_CONFIG`: envoyproxy/ratelimit YAML, a file or directory.
+    pub rls_config: Option<PathBuf>,
 }
 
 /// A configuration that cannot be used. Its `Display` names the file, the rule and the field.
@@ -261,6 +273,9 @@ pub enum ConfigError {
         /// The parser's message, with line and column.
         message: String,
     },
+    /// The RLS's YAML config (envoyproxy/ratelimit's format) cannot be used.
+    #[error(transparent)]
+    Rls(#[from] RlsConfigError),
     /// A value is missing, of the wrong type, or out of range.
     #[error("{file}: {place}: {message}")]
     Invalid {
@@ -296,6 +311,10 @@ impl fmt::Display for Place {
 
 impl Config {
     /// Reads `path` (or the built-in rules when `None`), applies `overrides`, and validates.
+    ///
+    /// With an RLS config (`[rls] config` or `--rls-config`) the YAML is read too and its
+    /// rules are added; the TOML file may then hold no rules, and without a TOML file the
+    /// built-in rules are not served.
     pub fn load(path: Option<&Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
         let (name, text) = match path {
             Some(path) => {
@@ -306,12 +325,85 @@ impl Config {
                 })?;
                 (name, text)
             }
+            None if overrides.rls_config.is_some() => ("<flags>".to_owned(), String::new()),
             None => ("<built-in rules>".to_owned(), BUILTIN_RULES.to_owned()),
         };
-        let mut config = Config::parse(&text, &name)?;
+        let rls_given = overrides.rls_config.is_some();
+        let mut config = Parser {
+            file: &name,
+            rls_given,
+        }
+        .config(&Config::table(&text, &name)?)?;
         config.apply(overrides);
+        config.load_rls(&name)?;
         config.check_cluster(&name)?;
         Ok(config)
+    }
+
+    /// Reads the RLS's YAML (if configured), checks its limits against the cluster's
+    /// constraints (naming the YAML file, domain and descriptor), and adds its rules.
+    fn load_rls(&mut self, file: &str) -> Result<(), ConfigError> {
+        let Some(path) = self.rls.config.clone() else {
+            return Ok(());
+        };
+        let domains = crate::rls::config::load(&path)?;
+        if self.cluster.gossip.is_some() {
+            let round = self.cluster.gossip_interval.as_nanos();
+            let tree = self.cluster.exchange == ExchangeMode::Tree;
+            for (quota, yaml, domain, at) in crate::rls::config::quotas(&domains) {
+                let period = u128::from(quota.unit.period());
+                let refuse = |field: &str, message: String| {
+                    crate::rls::config::quota_error(&yaml, &domain, &at, field, message)
+                };
+                if tree && quota.algorithm != Algorithm::FixedWindow {
+                    return Err(refuse("rate_limit.algorithm", "exchange = \"tree\" counts fixed_window limits only (use exchange = \"mesh\")".into()).into());
+                }
+                if tree && period > MAX_TREE_PERIOD.as_nanos() {
+                    return Err(refuse("rate_limit.unit", format!("exchange = \"tree\" counts windows of at most {} (a second or a minute; use exchange = \"mesh\" for longer units)", format_duration(MAX_TREE_PERIOD.as_nanos() as Nanos))).into());
+                }
+                if !quota.algorithm.has_burst() && period % round != 0 {
+                    return Err(refuse("rate_limit.unit", format!("a global window counts in whole gossip rounds: the unit must be a multiple of gossip_interval ({})", format_duration(round as Nanos))).into());
+                }
+            }
+        }
+        let rules = crate::rls::config::rules(&domains);
+        for rule in &rules {
+            if self.rules.iter().any(|r| r.name == rule.name) {
+                return Err(ConfigError::Invalid {
+                    file: file.to_owned(),
+                    place: Place {
+                        rule: Some(quoted(&rule.name)),
+                        table: None,
+                        field: "name".to_owned(),
+                    },
+                    message: "names beginning with \"rls.\" belong to the RLS config's limits"
+                        .into(),
+                });
+            }
+        }
+        self.rules.extend(rules);
+        self.rls.domains = domains;
+        if self.rules.is_empty() {
+            return Err(ConfigError::Invalid {
+                file: file.to_owned(),
+                place: Place {
+                    rule: None,
+                    table: None,
+                    field: "rule".to_owned(),
+                },
+                message: "no rules: the TOML file has no [[rule]] and the RLS config no limit"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn table(text: &str, file: &str) -> Result<Table, ConfigError> {
+        text.parse()
+            .map_err(|e: toml::de::Error| ConfigError::Syntax {
+                file: file.to_owned(),
+                message: e.to_string().trim().replace('\n', " "),
+            })
     }
 
     /// With clustering on, every windowed global limit must count in slots that start on
@@ -372,13 +464,12 @@ impl Config {
 
     /// Parses and validates config text; `file` names it in errors.
     pub fn parse(text: &str, file: &str) -> Result<Config, ConfigError> {
-        let table: Table = text
-            .parse()
-            .map_err(|e: toml::de::Error| ConfigError::Syntax {
-                file: file.to_owned(),
-                message: e.to_string().trim().replace('\n', " "),
-            })?;
-        Parser { file }.config(&table)
+        let table = Config::table(text, file)?;
+        Parser {
+            file,
+            rls_given: false,
+        }
+        .config(&table)
     }
 
     fn apply(&mut self, o: &Overrides) {
@@ -400,6 +491,12 @@ impl Config {
         if let Some(id) = &o.cluster_id {
             self.cluster.cluster_id.clone_from(id);
         }
+        if let Some(grpc) = o.grpc {
+            self.server.grpc = Some(grpc);
+        }
+        if let Some(path) = &o.rls_config {
+            self.rls.config = Some(path.clone());
+        }
     }
 }
 
@@ -416,6 +513,8 @@ pub fn default_node_id() -> String {
 /// Walks a parsed TOML table, producing errors that name `file`.
 struct Parser<'a> {
     file: &'a str,
+    /// An RLS config comes from a flag: the file may hold no rules.
+    rls_given: bool,
 }
 
 /// Fields of one table, taken one by one so that leftovers can be reported as unknown.
@@ -485,6 +584,11 @@ impl Parser<'_> {
             Some(Value::Table(t)) => self.cluster(t)?,
             Some(_) => return Err(self.err(None, None, "cluster", "must be a table ([cluster])")),
         };
+        let rls = match top.get("rls") {
+            None => RlsSettings::default(),
+            Some(Value::Table(t)) => self.rls(t)?,
+            Some(_) => return Err(self.err(None, None, "rls", "must be a table ([rls])")),
+        };
         let rules = match top.get("rule") {
             Some(Value::Array(items)) => items
                 .iter()
@@ -504,10 +608,10 @@ impl Parser<'_> {
                 None,
                 None,
                 field,
-                "unknown top-level field (expected [server], [cluster] or [[rule]])",
+                "unknown top-level field (expected [server], [cluster], [rls] or [[rule]])",
             ));
         }
-        if rules.is_empty() {
+        if rules.is_empty() && !self.rls_given && rls.config.is_none() {
             return Err(self.err(None, None, "rule", "at least one [[rule]] is required"));
         }
         for (i, rule) in rules.iter().enumerate() {
@@ -519,7 +623,63 @@ impl Parser<'_> {
             server,
             cluster,
             rules,
+            rls,
         })
+    }
+
+    fn rls(&self, t: &Table) -> Result<RlsSettings, ConfigError> {
+        let mut f = Fields::new(t);
+        let err = |field: &str, m: String| self.err(None, Some("rls"), field, m);
+        let config = match f.get("config") {
+            None => None,
+            Some(Value::String(s)) if !s.is_empty() => Some(self.relative(s)),
+            Some(_) => {
+                return Err(err(
+                    "config",
+                    "must be the path of a YAML file or a directory of them".into(),
+                ));
+            }
+        };
+        let mut rls = RlsSettings {
+            config,
+            ..RlsSettings::default()
+        };
+        for (field, flag) in [
+            ("shadow_mode", &mut rls.shadow_mode),
+            ("response_headers", &mut rls.response_headers),
+        ] {
+            match f.get(field) {
+                None => {}
+                Some(Value::Boolean(b)) => *flag = *b,
+                Some(_) => return Err(err(field, "must be true or false".into())),
+            }
+        }
+        for (i, field) in ["header_limit", "header_remaining", "header_reset"]
+            .into_iter()
+            .enumerate()
+        {
+            match f.get(field) {
+                None => {}
+                Some(Value::String(s))
+                    if axum::http::HeaderName::from_bytes(s.as_bytes()).is_ok() =>
+                {
+                    rls.header_names[i] = s.clone();
+                }
+                Some(_) => {
+                    return Err(err(
+                        field,
+                        "must be a header name such as \"X-RateLimit-Limit\"".into(),
+                    ));
+                }
+            }
+        }
+        if let Some(v) = f.get("max_concurrent") {
+            rls.max_concurrent = count(Some(v), 0).map_err(|m| err("max_concurrent", m))?;
+        }
+        if let Some(field) = f.unknown() {
+            return Err(err(field, "unknown field".into()));
+        }
+        Ok(rls)
     }
 
     fn server(&self, t: &Table) -> Result<ServerConfig, ConfigError> {
@@ -545,6 +705,10 @@ impl Parser<'_> {
         let sweep_interval = positive_duration(f.get("sweep_interval"), DEFAULT_SWEEP_INTERVAL)
             .map_err(|m| err("sweep_interval", m))?;
         let check_slice = check_slice(f.get("check_slice")).map_err(|m| err("check_slice", m))?;
+        let grpc = match f.get("grpc") {
+            None => None,
+            Some(v) => Some(socket_addr(v).map_err(|m| err("grpc", m))?),
+        };
         if let Some(field) = f.unknown() {
             return Err(err(field, "unknown field".into()));
         }
@@ -557,6 +721,7 @@ impl Parser<'_> {
             shutdown_grace,
             sweep_interval,
             check_slice,
+            grpc,
         })
     }
 

@@ -24,6 +24,7 @@ use crate::cluster::tree::TreeParams;
 use crate::config::{Config, ExchangeMode};
 use crate::counter::Actor;
 use crate::engine::Engine;
+use crate::rls::Rls;
 
 pub mod reload;
 mod watchdog;
@@ -34,6 +35,8 @@ pub use reload::ConfigSource;
 #[derive(Debug)]
 pub struct Node {
     listener: TcpListener,
+    /// Envoy's rate limit service (gRPC), when `[server] grpc` is set.
+    grpc: Option<TcpListener>,
     app: Arc<App>,
     config: Config,
     /// Where to re-read the rules from on SIGHUP or a change (none: built-in rules).
@@ -48,6 +51,12 @@ impl Node {
         let listener = TcpListener::bind(http)
             .await
             .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {http}: {e}")))?;
+        let grpc = match config.server.grpc {
+            None => None,
+            Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot listen for gRPC on {addr}: {e}"))
+            })?),
+        };
         let max_keys = config.server.max_keys;
         let (engine, cluster) = if config.cluster.gossip.is_some() {
             let round = config.cluster.gossip_interval.as_nanos() as u64;
@@ -100,6 +109,14 @@ impl Node {
             config.cluster.gossip,
             config.server.request_timeout,
         );
+        if grpc.is_some() {
+            let rls = Rls::new(&config.rls, clock.clone(), max_keys);
+            let _ = app.rls.set(Arc::new(rls));
+        } else if config.rls.config.is_some() {
+            warn!(
+                "an RLS config is set but no gRPC address ([server] grpc, --grpc): Envoy cannot ask this node; its limits are served to the HTTP API only, as rls.* rules"
+            );
+        }
         if let Some((exchange, me)) = cluster {
             let cluster = Cluster::start(&config, exchange, me, clock, rules_hash(&config))
                 .await
@@ -108,6 +125,7 @@ impl Node {
         }
         Ok(Node {
             listener,
+            grpc,
             app: Arc::new(app),
             config,
             source: None,
@@ -125,6 +143,11 @@ impl Node {
         self.listener.local_addr()
     }
 
+    /// Where Envoy's rate limit service listens, when configured (useful after binding port 0).
+    pub fn grpc_addr(&self) -> Option<SocketAddr> {
+        self.grpc.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// The shared application state (engine, metrics).
     pub fn app(&self) -> Arc<App> {
         self.app.clone()
@@ -135,12 +158,30 @@ impl Node {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let Node {
             listener,
+            grpc,
             app,
             config,
             source,
         } = self;
         let server = &config.server;
         info!(http = %listener.local_addr()?, node_id = %server.node_id, rules = config.rules.len(), "serving");
+        let (stop_grpc, grpc_stopped) = tokio::sync::watch::channel(false);
+        let grpc_task = match (grpc, app.rls.get()) {
+            (Some(grpc), Some(rls)) => {
+                info!(grpc = %grpc.local_addr()?, domains = config.rls.domains.len(), shadow_mode = config.rls.shadow_mode, "serving Envoy's rate limit service");
+                let mut stopped = grpc_stopped.clone();
+                Some(tokio::spawn(crate::rls::grpc::serve(
+                    grpc,
+                    app.clone(),
+                    rls.clone(),
+                    config.rls.max_concurrent,
+                    async move {
+                        let _ = stopped.wait_for(|stop| *stop).await;
+                    },
+                )))
+            }
+            _ => None,
+        };
         let service = Service::new(app.clone());
         let permits = Arc::new(Semaphore::new(server.max_connections));
         let graceful = GracefulShutdown::new();
@@ -196,10 +237,21 @@ impl Node {
         }
         app.ready.store(false, Ordering::Relaxed);
         drop(listener);
+        let _ = stop_grpc.send(true);
         sweeper.abort();
         reloader.abort();
         info!(grace = ?server.shutdown_grace, "shutting down: draining in-flight requests");
-        match tokio::time::timeout(server.shutdown_grace, graceful.shutdown()).await {
+        let drained = async {
+            graceful.shutdown().await;
+            if let Some(task) = grpc_task {
+                match task.await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => warn!(error = %e, "the gRPC server ended with an error"),
+                    Err(e) => warn!(error = %e, "the gRPC server task failed"),
+                }
+            }
+        };
+        match tokio::time::timeout(server.shutdown_grace, drained).await {
             Ok(()) => info!("all connections closed"),
             Err(_) => warn!("grace period over; closing remaining connections"),
         }
@@ -219,7 +271,9 @@ async fn sweep(app: Arc<App>, interval: Duration) {
         tick.tick().await;
         // A sweep of a million keys takes milliseconds: keep it off the async workers.
         let served = app.served_full();
-        match tokio::task::spawn_blocking(move || served.engine.sweep()).await {
+        let rls = app.rls.get().cloned();
+        let swept = move || served.engine.sweep() + rls.map_or(0, |r| r.sweep());
+        match tokio::task::spawn_blocking(swept).await {
             Ok(evicted) if evicted > 0 => debug!(evicted, "swept fresh keys"),
             Ok(_) => {}
             Err(e) => warn!(error = %e, "sweep failed"),

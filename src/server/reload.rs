@@ -11,6 +11,12 @@
 //! there is logged as needing a restart. A file that cannot be read or validated, or (in a
 //! cluster) a change to the global rules, is refused: the running rules stay, the error is
 //! logged with the file, rule and field, and counted in `gossamer_config_reloads_total`.
+//!
+//! The RLS's YAML (`[rls] config` or `--rls-config`, a file or every `*.yaml`/`*.yml` of a
+//! directory) is polled the same way and reloads the same way: its limits are rules, so in
+//! a cluster a change to them is refused like any change to global rules, while a change
+//! that keeps the same set of limits (descriptors, values, shadow mode, names) applies at
+//! once.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,8 +34,8 @@ pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
 /// Where the running config came from, so it can be read again.
 #[derive(Debug, Clone)]
 pub struct ConfigSource {
-    /// The config file.
-    pub path: PathBuf,
+    /// The config file (none: the RLS's YAML alone, from `--rls-config`).
+    pub path: Option<PathBuf>,
     /// The flags and environment variables that override it (applied again on reload).
     pub overrides: Overrides,
 }
@@ -61,7 +67,8 @@ pub async fn watch(app: Arc<App>, source: Option<ConfigSource>, running: Config,
             info!("SIGHUP: no --config file, nothing to reload");
         }
     };
-    let mut seen = read(&source).await;
+    let mut rls = running.rls.config.clone();
+    let mut seen = read(&source, rls.clone()).await;
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -75,13 +82,15 @@ pub async fn watch(app: Arc<App>, source: Option<ConfigSource>, running: Config,
                 true
             }
         };
-        let now = read(&source).await;
+        let now = read(&source, rls.clone()).await;
         if !signalled && now == seen {
             continue;
         }
         let trigger = if signalled { "SIGHUP" } else { "file changed" };
         seen = now;
-        reload(&app, &source, &running, trigger).await;
+        if let Some(config) = reload(&app, &source, &running, trigger).await {
+            rls = config.rls.config;
+        }
     }
 }
 
@@ -93,24 +102,50 @@ async fn hangup(hup: &mut Option<tokio::signal::unix::Signal>) -> Option<()> {
     }
 }
 
-async fn read(source: &ConfigSource) -> Seen {
+/// The config file's bytes, then each RLS file's name and bytes.
+async fn read(source: &ConfigSource, rls: Option<PathBuf>) -> Seen {
     let path = source.path.clone();
-    match tokio::task::spawn_blocking(move || std::fs::read(path)).await {
+    let all = move || -> Result<Vec<u8>, String> {
+        let mut bytes = match &path {
+            Some(path) => std::fs::read(path).map_err(|e| e.to_string())?,
+            None => Vec::new(),
+        };
+        if let Some(rls) = &rls {
+            let files = crate::rls::config::files(rls).map_err(|e| e.to_string())?;
+            for file in files {
+                bytes.extend_from_slice(file.to_string_lossy().as_bytes());
+                bytes.push(0);
+                bytes.extend(std::fs::read(&file).map_err(|e| e.to_string())?);
+            }
+        }
+        Ok(bytes)
+    };
+    match tokio::task::spawn_blocking(all).await {
         Ok(Ok(bytes)) => Seen::Bytes(bytes),
-        Ok(Err(e)) => Seen::Unreadable(e.to_string()),
+        Ok(Err(e)) => Seen::Unreadable(e),
         Err(e) => Seen::Unreadable(e.to_string()),
     }
 }
 
-/// Reads, validates and applies the config once; logs and counts the result.
-pub async fn reload(app: &App, source: &ConfigSource, running: &Config, trigger: &str) {
-    let file = source.path.display().to_string();
-    let config = match Config::load(Some(&source.path), &source.overrides) {
+/// Reads, validates and applies the config once; logs and counts the result. Returns the
+/// config read, if it could be read and validated.
+pub async fn reload(
+    app: &App,
+    source: &ConfigSource,
+    running: &Config,
+    trigger: &str,
+) -> Option<Config> {
+    let file = match (&source.path, &source.overrides.rls_config) {
+        (Some(path), _) => path.display().to_string(),
+        (None, Some(rls)) => rls.display().to_string(),
+        (None, None) => "<built-in rules>".to_owned(),
+    };
+    let config = match Config::load(source.path.as_deref(), &source.overrides) {
         Ok(config) => config,
         Err(e) => {
             error!(%trigger, "config reload refused, the running rules stay in force: {e}");
             app.reload_failed();
-            return;
+            return None;
         }
     };
     if config.server != running.server {
@@ -127,7 +162,7 @@ pub async fn reload(app: &App, source: &ConfigSource, running: &Config, trigger:
         );
     }
     let hash = rules_hash(&config);
-    match app.reload(config.rules) {
+    match app.reload(config.rules.clone()) {
         Ok(changes) => {
             info!(
                 %trigger, %file,
@@ -141,7 +176,12 @@ pub async fn reload(app: &App, source: &ConfigSource, running: &Config, trigger:
             if let Some(cluster) = app.cluster.get() {
                 cluster.publish_rules_hash(&hash).await;
             }
+            if let Some(rls) = app.rls.get() {
+                rls.reload(&config.rls);
+                info!(%trigger, domains = config.rls.domains.len(), shadow_mode = config.rls.shadow_mode, "RLS config reloaded");
+            }
         }
         Err(e) => error!(%trigger, %file, "config reload refused: {e}"),
     }
+    Some(config)
 }

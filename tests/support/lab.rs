@@ -63,8 +63,10 @@ pub static SERIAL: Mutex<()> = Mutex::new(());
 pub static NEXT_LAB: AtomicU32 = AtomicU32::new(0);
 
 /// Variables the binary reads; cleared so the test runner's environment cannot leak in.
-pub const GOSSAMER_ENV: [&str; 9] = [
+pub const GOSSAMER_ENV: [&str; 11] = [
     "GOSSAMER_CONFIG",
+    "GOSSAMER_GRPC",
+    "GOSSAMER_RLS_CONFIG",
     "GOSSAMER_HTTP",
     "GOSSAMER_NODE_ID",
     "GOSSAMER_GOSSIP",
