@@ -29,6 +29,31 @@ use crate::limiter::{Decision, KeyState, Nanos, SECOND, Verdict};
 use crate::metrics::Striped;
 use crate::store::{Full, Store};
 
+/// Holds a check [`Engine::lease_pause`] paused until the cluster's next instant has run
+/// (`instants` no longer reads `seen`), and at most a few milliseconds past `pause`, as
+/// [`Engine::lease_comes_early`] says: from the start, looking every millisecond, or after
+/// sleeping `pause`.
+pub async fn hold_for_lease(
+    clock: &dyn Clock,
+    instants: impl Fn() -> u64,
+    seen: u64,
+    pause: Nanos,
+    early: bool,
+) {
+    // The round task may run the instant a little late: a few milliseconds more.
+    let mut limit = 10 * crate::limiter::MILLISECOND;
+    if early {
+        limit += pause;
+    } else {
+        clock.sleep(pause).await;
+    }
+    let mut waited = 0;
+    while instants() == seen && waited < limit {
+        clock.sleep(crate::limiter::MILLISECOND).await;
+        waited += crate::limiter::MILLISECOND;
+    }
+}
+
 /// What a key at the store's bound is told: try again after this long (fresh keys are swept
 /// at least this often).
 pub const STORE_FULL_RETRY: Nanos = SECOND;
@@ -446,6 +471,14 @@ impl Engine {
             Counted::Tree(keys) => keys.longest_grant_wait(),
         };
         (retry_after <= longest).then_some(retry_after)
+    }
+
+    /// Whether a check [`Engine::lease_pause`] held may look again as soon as the next
+    /// instant has run: over the mesh an instant runs as soon as every frame of its round is
+    /// in, often long before the pause is up; over the tree a new key's room comes with the
+    /// grants of the round the pause names, not with the next one applied.
+    pub fn lease_comes_early(&self) -> bool {
+        matches!(self.global, Some(Exchange::Mesh(_)))
     }
 
     /// Instants the cluster has processed (0 without a cluster; over the tree, complete

@@ -457,13 +457,9 @@ where
     let response = match decide(true)? {
         Ok(response) => response,
         Err((pause, seen)) => {
-            app.clock.sleep(pause).await;
-            for _ in 0..10 {
-                if app.served().engine.instants() != seen {
-                    break;
-                }
-                app.clock.sleep(MILLISECOND).await;
-            }
+            let early = app.served().engine.lease_comes_early();
+            let instants = || app.served().engine.instants();
+            crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
             match decide(false)? {
                 Ok(response) => response,
                 Err(_) => unreachable!("decide pauses only when asked to"),
@@ -583,14 +579,9 @@ async fn check(app: &App, request: CheckRequest<'_>) -> Result<Response<Full<Byt
     let (response, wait) = match step {
         Step::Answer(response, wait) => (response, wait),
         Step::Pause(pause, seen) => {
-            // The instant runs as soon as every peer's frame of the round is in (a
-            // millisecond or two on a LAN), at the latest `pause` from now, and the round
-            // task may run it a little late: look every millisecond, a few past `pause`.
-            let mut waited = 0;
-            while app.served().engine.instants() == seen && waited < pause + 10 * MILLISECOND {
-                app.clock.sleep(MILLISECOND).await;
-                waited += MILLISECOND;
-            }
+            let early = app.served().engine.lease_comes_early();
+            let instants = || app.served().engine.instants();
+            crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
             match decide(&app.served(), &request, false)? {
                 Step::Answer(response, wait) => (response, wait),
                 Step::Pause(..) => unreachable!("decide pauses only when asked to"),

@@ -25,7 +25,6 @@ use super::proto::rate_limit_service_server::{RateLimitService, RateLimitService
 use super::proto::{RateLimitRequest, RateLimitResponse};
 use super::service::{Answer, Refused, Rls};
 use crate::api::App;
-use crate::limiter::MILLISECOND;
 
 /// The RLS's full service name (what health checks may ask for).
 pub const SERVICE_NAME: &str = "envoy.service.ratelimit.v3.RateLimitService";
@@ -104,13 +103,9 @@ impl RlsService {
                 // A clustered key new at this node gets its lease at the round's instant.
                 let clock = self.app.served().engine.shared_clock();
                 let seen = self.app.served().engine.instants();
-                clock.sleep(pause).await;
-                for _ in 0..10 {
-                    if self.app.served().engine.instants() != seen {
-                        break;
-                    }
-                    clock.sleep(MILLISECOND).await;
-                }
+                let early = self.app.served().engine.lease_comes_early();
+                let instants = || self.app.served().engine.instants();
+                crate::engine::hold_for_lease(&*clock, instants, seen, pause, early).await;
                 let served = self.app.served();
                 match self
                     .rls
