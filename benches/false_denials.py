@@ -325,17 +325,25 @@ class Throttle:
             return True
 
 
-def worker(seed, ports, rules, users, part, throttle, t_start, t_end, out):
+def worker(seed, ports, rules, users, part, throttle, t_start, t_end, out, pace=0.0):
     """One client thread. It draws users from its process's share of them: users u with
-    u % parts == index, for part = (index, parts)."""
+    u % parts == index, for part = (index, parts). With `pace` > 0 it starts a burst every
+    `pace` seconds (an open loop, as far as the answers keep up), else as soon as the last
+    one is answered."""
     index, parts = part
     mine = (users - index + parts - 1) // parts
     rng = random.Random(seed)
     conns = [None] * len(ports)
     perf = time.perf_counter
     headers = {"Content-Type": "application/json"}
+    next_at = time.monotonic() + rng.random() * pace
     try:
         while True:
+            if pace > 0:
+                wait = next_at - time.monotonic()
+                if wait > 0:
+                    time.sleep(wait)
+                next_at += pace
             now = time.monotonic()
             if now >= t_end:
                 break
@@ -382,7 +390,7 @@ def worker(seed, ports, rules, users, part, throttle, t_start, t_end, out):
                 c.close()
 
 
-def drive(seed, ports, rules, users, part, threads, t_start, t_end):
+def drive(seed, ports, rules, users, part, threads, t_start, t_end, pace=0.0):
     """One client process: `threads` threads over the process's share of the users, with one
     throttle (users are never shared between processes). Returns (records, bursts skipped,
     CPU seconds used, threads still running 30 s after the end)."""
@@ -391,7 +399,7 @@ def drive(seed, ports, rules, users, part, threads, t_start, t_end):
     cpu0 = os.times()
     ts = [threading.Thread(
         target=worker, daemon=True,
-        args=(seed + k, ports, rules, users, part, throttle, t_start, t_end, outs[k]))
+        args=(seed + k, ports, rules, users, part, throttle, t_start, t_end, outs[k], pace))
         for k in range(threads)]
     for t in ts:
         t.start()
@@ -625,7 +633,7 @@ def interesting_metric(line):
         return True
     return bool(re.match(r"gossamer_cluster_(rounds_total|tree_rounds_total|"
                          r"suspected_peers|held_share|members|tree_start_frozen|"
-                         r"tree_members)", line))
+                         r"tree_members|key_visits_total|transport|ticks_total|tick_seconds_total)", line))
 
 
 # ---------------------------------------------------------------------------- main
@@ -644,6 +652,10 @@ def main():
                     help="[cluster] exchange; tree loads only the fixed-window rule")
     ap.add_argument("--users", type=int, default=5000)
     ap.add_argument("--duration", type=float, default=5.0, help="seconds of load")
+    ap.add_argument("--rate", type=float, default=0.0,
+                    help="bursts per second in all (3 checks on average each), paced per thread, "
+                         "so clusters are compared at the same offered load; 0: as fast as "
+                         "the answers come (a closed loop: checks a node holds slow it down)")
     ap.add_argument("--concurrency", type=int, default=16,
                     help="client threads, each with a keep-alive connection per node")
     ap.add_argument("--procs", type=int, default=min(2, os.cpu_count() or 1),
@@ -777,8 +789,9 @@ def run(args, binary, work):
     # Threads split as evenly as they go over --procs processes (1: this one).
     split = [args.concurrency // args.procs + (j < args.concurrency % args.procs)
              for j in range(args.procs)]
+    pace = args.concurrency / args.rate if args.rate > 0 else 0.0
     parts = [(args.seed * 1000 + 100 * j, http_ports, rules, args.users, (j, args.procs),
-              split[j], t_start, t_end) for j in range(args.procs)]
+              split[j], t_start, t_end, pace) for j in range(args.procs)]
     if args.procs == 1:
         sampler.start()
         results = [drive(*parts[0])]

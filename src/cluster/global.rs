@@ -680,6 +680,8 @@ struct Part<'a> {
     reachable: bool,
     /// Its position in [`RoundState::hold_nodes`].
     hold_index: Option<usize>,
+    /// What its frame of this round said of its starters (`RoundFrame::open`).
+    open: Option<u32>,
 }
 
 /// Buffers reused from key to key at an instant.
@@ -1917,6 +1919,7 @@ impl Global {
             peer: None,
             reachable: true,
             hold_index: st_ref.hold_nodes.iter().position(|h| *h == self.me),
+            open: st_ref.my_opens.get(&n).copied().flatten(),
         })
         .chain(
             st_ref
@@ -1929,6 +1932,7 @@ impl Global {
                     peer: Some(p),
                     reachable: !p.suspected,
                     hold_index: st_ref.hold_nodes.iter().position(|h| *h == p.actor),
+                    open: p.opens.get(&n).copied().flatten(),
                 }),
         )
         .collect();
@@ -2320,16 +2324,9 @@ impl Global {
         let mut claims = None;
         // The earlier slots' holdings and grants, for a later slot's budget.
         let mut claimed_before: Vec<(u64, u64)> = Vec::new();
-        // What each reachable participant's frame of this round said of its starters, and
-        // whether this node is charged its own (and the room that adds to what it holds).
+        // Whether this node is charged its own starter (and the room that adds to what it
+        // holds).
         let round_now = now / self.params.round;
-        let opens: Vec<Option<u32>> = reachable
-            .iter()
-            .map(|&i| match parts[i].peer {
-                None => st.my_opens.get(&round_now).copied().flatten(),
-                Some(p) => p.opens.get(&round_now).copied().flatten(),
-            })
-            .collect();
         let mut charged = false;
         // Whether the frames show a count in the current slot (then a starter not charged
         // ends: the others no longer count it).
@@ -2351,36 +2348,6 @@ impl Global {
                 mine.push((x, 0, u64::MAX));
                 continue;
             }
-            let mut helds: Vec<u64> = (0..reachable.len()).map(|j| held_in(j, x)).collect();
-            // Starters (design §3.3.1): a node whose frame says its last instant was
-            // consistent with every participant reachable may hold a starter of a key found
-            // idle, up to a share of the limit, spent before its boundary or since. Once the
-            // frames show the key used (a count in the slot) and nothing that rules starters
-            // out (no room held in the slot, no count past a starter's size), each such node is
-            // charged its whole starter as held room. Until a count shows, a starter runs on.
-            if x == cur && all_reachable {
-                used_in_cur = reachable
-                    .iter()
-                    .any(|&i| slots.count(cur, parts[i].actor) > 0);
-                let started = opens.iter().enumerate().all(|(j, open)| {
-                    let size = open.map_or(0, |n| c / u64::from(n.max(1)));
-                    let count = slots.count(cur, parts[reachable[j]].actor);
-                    helds[j] == 0 && count <= size
-                });
-                if started && used_in_cur {
-                    for (j, open) in opens.iter().enumerate() {
-                        if let Some(n) = open {
-                            let size = c / u64::from((*n).max(1));
-                            let count = slots.count(cur, parts[reachable[j]].actor);
-                            helds[j] = helds[j].max(size.saturating_sub(count));
-                        }
-                    }
-                    charged = opens[0].is_some();
-                    helds_me = helds[0];
-                    my_extra = helds[0].saturating_sub(held_in(0, cur));
-                }
-            }
-            let held_total: u64 = helds.iter().copied().fold(0, u64::saturating_add);
             let a = if x == cur {
                 l.budget(cur, now, count)
             } else {
@@ -2393,6 +2360,40 @@ impl Global {
                 };
                 l.budget(x, boundary_next, upper)
             };
+            let mut helds: Vec<u64> = (0..reachable.len()).map(|j| held_in(j, x)).collect();
+            // Starters (design §3.3.1): a node whose frame says its last instant was
+            // consistent with every participant reachable may hold a starter of a key found
+            // idle, up to a share of the limit, spent before its boundary or since. Once the
+            // frames show the key used (a count in the slot) and nothing that rules starters
+            // out (no room held in the slot, no count past a starter's size), each such node is
+            // charged its whole starter as held room. Until a count shows, a starter runs on.
+            if x == cur && all_reachable {
+                // Only a slot with a count and no room held can be charged (the common cases
+                // cost no lookup), and only if every count the budget reads is a
+                // participant's in this slot, each within its starter.
+                used_in_cur = a > 0;
+                let started = used_in_cur
+                    && helds.iter().all(|&h| h == 0)
+                    && a == slots.total(cur)
+                    && reachable.iter().try_fold(0u64, |sum, &i| {
+                        let size = parts[i].open.map_or(0, |n| c / u64::from(n.max(1)));
+                        let count = slots.count(cur, parts[i].actor);
+                        (count <= size).then_some(sum + count)
+                    }) == Some(a);
+                if started {
+                    for (j, &i) in reachable.iter().enumerate() {
+                        if let Some(n) = parts[i].open {
+                            let size = c / u64::from(n.max(1));
+                            let count = slots.count(cur, parts[i].actor);
+                            helds[j] = helds[j].max(size.saturating_sub(count));
+                        }
+                    }
+                    charged = parts[0].open.is_some();
+                    helds_me = helds[0];
+                    my_extra = helds[0].saturating_sub(held_in(0, cur));
+                }
+            }
+            let held_total: u64 = helds.iter().copied().fold(0, u64::saturating_add);
             let total = c.saturating_sub(a);
             let free = total.saturating_sub(held_total);
             in_use |= a > 0 || held_total > 0;
