@@ -1,4 +1,4 @@
-//! The false-denial invariant (design §3.7): a check the cluster must admit at once, judged on
+//! The false-denial invariant (design §3.3.3): a check the cluster must admit at once, judged on
 //! the true counts the simulation knows, which no node can see.
 //!
 //! A check of `cost` on a key at node i, with N members all reachable, must be admitted when
