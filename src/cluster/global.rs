@@ -339,6 +339,12 @@ impl Grant {
     fn is_empty(&self) -> bool {
         !self.starter && self.allowance == 0 && self.used == 0
     }
+
+    /// Ends a starter: what it admitted stays admitted, the rest is given up.
+    fn end_starter(&mut self) {
+        self.allowance = self.used;
+        self.starter = false;
+    }
 }
 
 /// A windowed limit's state for one key.
@@ -1384,11 +1390,12 @@ impl Global {
         if st.boundary.is_none_or(|b| b < n) {
             out.extend(self.boundary(&mut st, n, now));
         }
-        // The instant runs once every participant's round-n frame is in, or at half a round
-        // without them: the grants come from the round-n frames whenever they are computed,
-        // so running early changes no grant, and waiting for a late frame spares a degraded
-        // round. Early, it closes the gap in which a key new to this node waits for its
-        // first room to a millisecond or two on a LAN (design §2.2).
+        // The instant runs once the round-n frame of every peer this node knows is in (before
+        // δ), of every unsuspected participant (from δ), or at half a round without them: the
+        // grants come from the round-n frames whenever they are computed, so running early
+        // changes no grant, and waiting for a late frame spares a degraded round. Early, it
+        // shortens the gap in which a key another node just began using waits for its room
+        // to a millisecond or two on a LAN (design §3.3.4).
         if st.instant.is_none_or(|i| i < n)
             && (now >= n * t + self.latest_settle()
                 || self.frames_in(&st, n, now < n * t + self.params.settle))
@@ -1996,8 +2003,7 @@ impl Global {
                     for s in k.limits.iter_mut() {
                         if let LState::Window(w) = s {
                             for g in w.grants.iter_mut().filter(|g| g.starter && g.opened < n) {
-                                g.allowance = g.used;
-                                g.starter = false;
+                                g.end_starter();
                             }
                         }
                     }
@@ -2483,8 +2489,7 @@ impl Global {
                 g.starter = false;
                 my_extra = 0;
             } else if g.opened < round_now && (!all_reachable || g.slot != cur || used_in_cur) {
-                g.allowance = g.used;
-                g.starter = false;
+                g.end_starter();
             }
         }
         if my_extra > 0 {
@@ -2838,7 +2843,7 @@ fn commit_window(
     opened: u64,
 ) {
     let s = l.slot(now);
-    let starter = Grant {
+    let starter = || Grant {
         slot: s,
         allowance: starter(l, participants),
         used: cost,
@@ -2848,10 +2853,10 @@ fn commit_window(
     };
     match w.grants.iter_mut().find(|g| g.slot == s) {
         // An instant that found the key idle left it an empty lease: a starter replaces it.
-        Some(g) if g.is_empty() => *g = starter,
+        Some(g) if g.is_empty() => *g = starter(),
         Some(g) => g.used = g.used.saturating_add(cost),
         // A starter (the only way to admit without a grant).
-        None => w.grants.push(starter),
+        None => w.grants.push(starter()),
     }
     match w.own.iter_mut().find(|(slot, _)| *slot == s) {
         Some((_, n)) => *n = n.saturating_add(cost),
