@@ -686,12 +686,13 @@ fn kernel() -> (u32, u32) {
     (parts.next().unwrap_or(0), parts.next().unwrap_or(0))
 }
 
-/// Starts a clustered node with `server` as its `[server]` table and returns its threads once
-/// its cluster runtime has its worker and a blocking thread for the rounds (5 s at most).
-fn clustered_node_threads(server: &str) -> (Vec<Sched>, i64) {
+/// Starts a clustered node with `server` as its `[server]` table and `cluster` added to its
+/// `[cluster]` table, and returns its threads once its cluster runtime has its worker and a
+/// blocking thread for the rounds (5 s at most).
+fn clustered_node_threads(server: &str, cluster: &str) -> (Vec<Sched>, i64) {
     let (http, gossip) = (free_port(), free_port());
     let file = TempFile::new(&format!(
-        "[server]\n{server}\n[cluster]\ngossip = \"127.0.0.1:{gossip}\"\n{GOOD_CONFIG}"
+        "[server]\n{server}\n[cluster]\ngossip = \"127.0.0.1:{gossip}\"\n{cluster}\n{GOOD_CONFIG}"
     ));
     let mut command = gossamer();
     command.args([
@@ -725,7 +726,7 @@ fn clustered_node_threads(server: &str) -> (Vec<Sched>, i64) {
 
 #[cfg(target_os = "linux")]
 #[test]
-fn check_threads_get_the_short_slice_and_cluster_threads_the_kernels_at_nice_10() {
+fn check_threads_get_the_short_slice_and_cluster_threads_the_kernels_at_their_nice() {
     // What a fresh thread of this process gets: the kernel's slice.
     let default_slice = thread::spawn(|| {
         field(
@@ -735,7 +736,10 @@ fn check_threads_get_the_short_slice_and_cluster_threads_the_kernels_at_nice_10(
     })
     .join()
     .expect("thread");
-    let (threads, main) = clustered_node_threads("");
+    // By default the cluster's threads run at the checks' nice value.
+    let (threads, main) = clustered_node_threads("", "");
+    assert!(threads.iter().all(|t| t.prio == main), "{threads:?}");
+    let (threads, main) = clustered_node_threads("", "round_nice = 10");
     let slices = kernel() >= (6, 12) && default_slice.is_some();
     for t in &threads {
         if t.name.starts_with("gossamer-clust") {
@@ -753,7 +757,7 @@ fn check_threads_get_the_short_slice_and_cluster_threads_the_kernels_at_nice_10(
         }
     }
     // "0ms" leaves every thread the kernel's slice.
-    let (threads, _) = clustered_node_threads("check_slice = \"0ms\"");
+    let (threads, _) = clustered_node_threads("check_slice = \"0ms\"", "");
     assert!(
         threads.iter().all(|t| t.slice == default_slice),
         "{threads:?}"

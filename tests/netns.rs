@@ -18,11 +18,13 @@
 #[path = "support/lab.rs"]
 mod lab;
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use lab::*;
 use tokio::task::JoinHandle;
-use tokio::time::sleep;
+use tokio::time::{sleep, timeout};
 
 // ---------------------------------------------------------------------------------------------
 // Scenarios
@@ -624,4 +626,291 @@ fn bucket_excess(samples: &[&Sample]) -> (usize, f64) {
         }
     }
     (admitted.len(), worst)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Quiet users: no false 429s (design §3.3.3)
+
+/// The per-user tiers of a real API, every rule global: the workload of
+/// `benches/false_denials.py` (a token bucket, the three windows, and the README's hybrid).
+const TIERS: &str = r#"
+[[rule]]
+name = "bucket"
+algorithm = "token_bucket"
+limit = 60
+period = "1m"
+burst = 60
+
+[[rule]]
+name = "fixed"
+algorithm = "fixed_window"
+limit = 60
+period = "1m"
+
+[[rule]]
+name = "log"
+algorithm = "sliding_window_log"
+limit = 60
+period = "1m"
+
+[[rule]]
+name = "counter"
+algorithm = "sliding_window_counter"
+limit = 60
+period = "1m"
+
+[[rule]]
+name = "hybrid"
+limits = [
+  { algorithm = "token_bucket", limit = 10, period = "1s", burst = 20 },
+  { algorithm = "sliding_window_log", limit = 300, period = "1m" },
+]
+"#;
+
+/// What [`quiet_users`] saw, per rule (in [`TIERS`] order) and in all.
+#[derive(Debug, Default, Clone)]
+struct Quiet {
+    rules: Vec<(&'static str, QuietRule)>,
+    /// Checks that got neither a 200 nor a 429 (or no answer).
+    failed: u64,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct QuietRule {
+    checks: u64,
+    denied: u64,
+    /// Checks answered after more than 10 ms.
+    slow: u64,
+    /// The slowest answer, µs.
+    max_us: u64,
+}
+
+impl Quiet {
+    fn all(&self) -> QuietRule {
+        self.rules
+            .iter()
+            .fold(QuietRule::default(), |a, (_, r)| QuietRule {
+                checks: a.checks + r.checks,
+                denied: a.denied + r.denied,
+                slow: a.slow + r.slow,
+                max_us: a.max_us.max(r.max_us),
+            })
+    }
+
+    fn print(&self, tag: &str) {
+        for (name, r) in self
+            .rules
+            .iter()
+            .map(|(n, r)| (*n, *r))
+            .chain([("all", self.all())])
+        {
+            eprintln!(
+                "[{tag}] {name:>7}: {} checks, {} denied ({:.2}%), {} over 10 ms, slowest {:.1} ms",
+                r.checks,
+                r.denied,
+                100.0 * r.denied as f64 / r.checks.max(1) as f64,
+                r.slow,
+                r.max_us as f64 / 1000.0
+            );
+        }
+        eprintln!("[{tag}] failed: {}", self.failed);
+    }
+}
+
+/// Per (rule, user): when each of its checks was sent.
+type Sent = HashMap<(usize, u64), Vec<Instant>>;
+
+/// `users` users send bursts of 1 to 5 checks of one rule each, `bursts` bursts a second in
+/// all, each burst to a random node, for `dur`, from `tasks` client tasks. No user comes near a
+/// limit: a burst that would take a user past half of any limit of its rule (in the last
+/// minute, and for the hybrid's bucket in the last second) is skipped, so every check is one
+/// that a single exact counter would admit at once, and every 429 is false.
+async fn quiet_users(lab: &Lab, seed: u64, users: u64, bursts: f64, dur: Duration) -> Quiet {
+    const RULES: [(&str, u64, u64); 5] = [
+        // (rule, at most per minute, at most per second)
+        ("bucket", 30, u64::MAX),
+        ("fixed", 30, u64::MAX),
+        ("log", 30, u64::MAX),
+        ("counter", 30, u64::MAX),
+        ("hybrid", 150, 5),
+    ];
+    let tasks = 6usize;
+    let addrs = lab.addrs();
+    let sent: Arc<Mutex<Sent>> = Arc::default();
+    let period = Duration::from_secs_f64(tasks as f64 / bursts);
+    let end = Instant::now() + dur;
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let addrs = addrs.clone();
+        let sent = sent.clone();
+        handles.push(tokio::spawn(async move {
+            let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (t as u64 + 1);
+            let mut next = move || {
+                rng ^= rng >> 12;
+                rng ^= rng << 25;
+                rng ^= rng >> 27;
+                rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+            };
+            let mut clients: Vec<Option<gossamer::client::Client>> =
+                addrs.iter().map(|_| None).collect();
+            let mut seen = vec![QuietRule::default(); RULES.len()];
+            let mut failed = 0u64;
+            sleep(period.mul_f64(t as f64 / tasks as f64)).await;
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while Instant::now() < end {
+                tick.tick().await;
+                let node = (next() % addrs.len() as u64) as usize;
+                let rule = (next() % RULES.len() as u64) as usize;
+                let user = next() % users;
+                let burst = 1 + next() % 5;
+                let (name, per_minute, per_second) = RULES[rule];
+                {
+                    let mut sent = sent.lock().unwrap_or_else(|p| p.into_inner());
+                    let times = sent.entry((rule, user)).or_default();
+                    let now = Instant::now();
+                    times.retain(|&s| now.duration_since(s) < Duration::from_secs(61));
+                    let last_second = times
+                        .iter()
+                        .filter(|&&s| now.duration_since(s) < Duration::from_millis(1100))
+                        .count() as u64;
+                    if times.len() as u64 + burst > per_minute || last_second + burst > per_second {
+                        continue;
+                    }
+                    times.extend((0..burst).map(|_| now));
+                }
+                let body =
+                    serde_json::json!({"rule": name, "key": format!("user-{user}"), "cost": 1});
+                for _ in 0..burst {
+                    if clients[node].is_none() {
+                        clients[node] = timeout(
+                            Duration::from_millis(500),
+                            gossamer::client::Client::connect_addr(addrs[node]),
+                        )
+                        .await
+                        .ok()
+                        .and_then(Result::ok);
+                    }
+                    let Some(client) = clients[node].as_mut() else {
+                        failed += 1;
+                        continue;
+                    };
+                    let started = Instant::now();
+                    let reply =
+                        timeout(Duration::from_secs(2), client.post("/v1/check", &body)).await;
+                    let took = started.elapsed();
+                    let r = &mut seen[rule];
+                    match reply {
+                        Ok(Ok(reply)) if matches!(reply.status.as_u16(), 200 | 429) => {
+                            r.checks += 1;
+                            r.denied += u64::from(reply.status.as_u16() == 429);
+                            r.slow += u64::from(took > Duration::from_millis(10));
+                            r.max_us = r.max_us.max(took.as_micros() as u64);
+                        }
+                        _ => {
+                            failed += 1;
+                            clients[node] = None;
+                        }
+                    }
+                }
+            }
+            (seen, failed)
+        }));
+    }
+    let mut quiet = Quiet {
+        rules: RULES
+            .iter()
+            .map(|(n, _, _)| (*n, QuietRule::default()))
+            .collect(),
+        failed: 0,
+    };
+    for h in handles {
+        let (seen, failed) = h.await.expect("client task");
+        quiet.failed += failed;
+        for ((_, a), r) in quiet.rules.iter_mut().zip(seen) {
+            a.checks += r.checks;
+            a.denied += r.denied;
+            a.slow += r.slow;
+            a.max_us = a.max_us.max(r.max_us);
+        }
+    }
+    quiet
+}
+
+/// 5. Many users far below their limits (design §3.3.3): 2,000 users of the tiers send bursts
+///    of 1 to 5 checks to random nodes, 60 bursts a second for 6 s. Every 429 is false.
+///
+///    Asserted: no check fails, and at most a quarter are refused or take over 10 ms. That
+///    bound is loose on purpose: the nodes here are the debug build, whose rounds degrade
+///    under this load in the namespaces (frames later than half a round), and a degraded
+///    round is what refuses a key new at a node (§3.3.3). It catches a cluster that refuses
+///    or holds a key's first checks wherever it lands (a broken starter path: about half of
+///    these checks, in the simulation), not a regression of a few percent. A release build
+///    (`LAB_BIN=target/release/gossamer`) is what
+///    design §3.3.3 reports. The promise (none refused, none over 10 ms) is
+///    `quiet_users_are_never_refused`, ignored until it holds.
+#[test]
+fn quiet_users_are_rarely_refused() {
+    quiet_scenario("quiet", None, |q| {
+        let all = q.all();
+        assert_eq!(q.failed, 0, "checks failed");
+        assert!(all.checks > 600, "too few checks: {all:?}");
+        assert!(all.denied * 4 <= all.checks, "over 25% denied: {all:?}");
+        assert!(all.slow * 4 <= all.checks, "over 25% took 10 ms: {all:?}");
+    });
+}
+
+/// 5b. The promise of 5: no check of a quiet user is refused or takes over 10 ms.
+#[test]
+#[ignore = "not there yet: a key another node began using in the last round, checked in the gap before this round's frames, and keys new at a node after a degraded round, still wait or are refused (design §3.3.3)"]
+fn quiet_users_are_never_refused() {
+    quiet_scenario("quiet-strict", None, |q| {
+        let all = q.all();
+        assert_eq!(q.failed, 0, "checks failed");
+        assert_eq!((all.denied, all.slow), (0, 0), "{all:?}");
+    });
+}
+
+/// 5c. The same users with 5% of UDP datagrams dropped at every node: reported, and only
+///     failures asserted (a lost frame degrades a round: design §3.3.4).
+#[test]
+fn quiet_users_under_loss() {
+    quiet_scenario("quiet-loss", Some(5), |q| {
+        assert_eq!(q.failed, 0, "checks failed")
+    });
+}
+
+/// Runs [`quiet_users`] on 3 nodes serving [`TIERS`] (with `loss` percent of UDP dropped at
+/// every node, if given), prints what it saw, and hands it to `judge`.
+fn quiet_scenario(tag: &'static str, loss: Option<u32>, judge: impl FnOnce(&Quiet)) {
+    scenario_config(
+        tag,
+        3,
+        3,
+        TIERS,
+        Duration::from_secs(60),
+        |mut lab| async move {
+            wait_formed(tag, &lab, Duration::from_secs(15)).await;
+            // Let the first rounds settle, as a cluster that has been up a while would be.
+            sleep(Duration::from_secs(1)).await;
+            if let Some(loss) = loss {
+                let table = "gossamer_loss";
+                let rules = format!(
+                    "table inet {table} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    meta l4proto udp numgen random mod 100 < {loss} drop\n  }}\n}}\n"
+                );
+                for i in 0..lab.nodes.len() {
+                    lab.nft(i, table, &rules);
+                }
+            }
+            let before = print_rounds(tag, &lab).await;
+            let q = quiet_users(&lab, 1, 2_000, 60.0, Duration::from_secs(6)).await;
+            lab.assert_running();
+            let after = print_rounds(tag, &lab).await;
+            let degraded: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+            eprintln!("[{tag}] degraded rounds per node during the load: {degraded:?} of ~60");
+            q.print(tag);
+            judge(&q);
+            lab.finish();
+        },
+    );
 }

@@ -1908,6 +1908,24 @@ impl Global {
             st.stats.consistent_rounds += 1;
         } else {
             st.stats.degraded_rounds += 1;
+            if tracing::enabled!(tracing::Level::DEBUG) {
+                let missing: Vec<&str> = st
+                    .peers
+                    .iter()
+                    .filter(|(_, p)| {
+                        !p.suspected
+                            && (p.complete_to != Some(n) || p.views.get(&n).copied() != my_view)
+                    })
+                    .map(|(node, _)| node.as_str())
+                    .collect();
+                tracing::debug!(
+                    round = n,
+                    after_ms = (now - n * self.params.round) / MILLISECOND,
+                    ?missing,
+                    "degraded instant (these peers' frames missing, or on another view): no \
+                     lease granted, and no starter until a consistent instant"
+                );
+            }
         }
         // Starters open now, before the keys are visited: a key no frame of this round
         // reports active and without own demand is idle at this instant whether or not it

@@ -47,8 +47,11 @@ pub const DEFAULT_PHI_THRESHOLD: f64 = 8.0;
 pub const DEFAULT_DEAD_NODE_GRACE: Duration = Duration::from_secs(3600);
 /// How long a starting node waits to pull the cluster's counts before `/readyz` says 200.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(5);
-/// How much lower than the checks' the round work's CPU priority is (a nice increment).
-pub const DEFAULT_ROUND_NICE: i32 = 10;
+/// How much lower than the checks' the round work's CPU priority is (a nice increment). 0:
+/// the same. A raised value starves the rounds on a saturated CPU (they degrade, and a key new
+/// at a node is then refused until a round completes: docs/operations.md, "CPU priority"),
+/// while the checks' short scheduler slice already lets a waiting check go first.
+pub const DEFAULT_ROUND_NICE: i32 = 0;
 /// The rules served when no config file is given.
 pub const BUILTIN_RULES: &str = include_str!("builtin.toml");
 

@@ -41,15 +41,15 @@ fn rule_fields_parse_with_defaults() {
 }
 
 #[test]
-fn round_nice_defaults_to_ten_and_zero_turns_it_off() {
+fn round_nice_defaults_to_zero_and_takes_a_nice_value_or_idle() {
     let rule = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\n";
     assert_eq!(
         parse(rule).unwrap().cluster.round_nice,
         RoundNice::Nice(DEFAULT_ROUND_NICE)
     );
-    assert_eq!(DEFAULT_ROUND_NICE, 10);
-    let off = parse(&format!("[cluster]\nround_nice = 0\n{rule}")).unwrap();
-    assert_eq!(off.cluster.round_nice, RoundNice::Nice(0));
+    assert_eq!(DEFAULT_ROUND_NICE, 0);
+    let nicer = parse(&format!("[cluster]\nround_nice = 10\n{rule}")).unwrap();
+    assert_eq!(nicer.cluster.round_nice, RoundNice::Nice(10));
     let idle = parse(&format!("[cluster]\nround_nice = \"idle\"\n{rule}")).unwrap();
     assert_eq!(idle.cluster.round_nice, RoundNice::Idle);
 }

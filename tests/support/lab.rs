@@ -52,6 +52,12 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
+
+/// The binary the nodes run: [`BIN`] (the test build), or `LAB_BIN` to run the scenarios on
+/// another build (`LAB_BIN=target/release/gossamer`, to see what a release node does).
+pub fn binary() -> String {
+    std::env::var("LAB_BIN").unwrap_or_else(|_| BIN.to_owned())
+}
 pub const HTTP_PORT: u16 = 7070;
 pub const GOSSIP_PORT: u16 = 7946;
 /// Nodes one lab can hold: addresses `.10` to `.10 + MAX_NODES - 1`, and names within the
@@ -401,7 +407,7 @@ impl Lab {
         let err = log.try_clone().expect("log clone");
         let mut command = Command::new("ip");
         command
-            .args(["netns", "exec", &node.ns, BIN, "serve", "--config"])
+            .args(["netns", "exec", &node.ns, &binary(), "serve", "--config"])
             .arg(&self.config)
             .args(["--node-id", &node.id])
             .args(["--http", &node.http().to_string()])
