@@ -725,7 +725,13 @@ type Sent = HashMap<(usize, u64), Vec<Instant>>;
 /// limit: a burst that would take a user past half of any limit of its rule (in the last
 /// minute, and for the hybrid's bucket in the last second) is skipped, so every check is one
 /// that a single exact counter would admit at once, and every 429 is false.
-async fn quiet_users(lab: &Lab, seed: u64, users: u64, bursts: f64, dur: Duration) -> Quiet {
+async fn quiet_users(
+    addrs: Vec<std::net::SocketAddr>,
+    seed: u64,
+    users: u64,
+    bursts: f64,
+    dur: Duration,
+) -> Quiet {
     const RULES: [(&str, u64, u64); 5] = [
         // (rule, at most per minute, at most per second)
         ("bucket", 30, u64::MAX),
@@ -735,7 +741,6 @@ async fn quiet_users(lab: &Lab, seed: u64, users: u64, bursts: f64, dur: Duratio
         ("hybrid", 150, 5),
     ];
     let tasks = 6usize;
-    let addrs = lab.addrs();
     let sent: Arc<Mutex<Sent>> = Arc::default();
     let period = Duration::from_secs_f64(tasks as f64 / bursts);
     let end = Instant::now() + dur;
@@ -851,7 +856,7 @@ async fn quiet_users(lab: &Lab, seed: u64, users: u64, bursts: f64, dur: Duratio
 ///    `quiet_users_are_never_refused`, ignored until it holds.
 #[test]
 fn quiet_users_are_rarely_refused() {
-    quiet_scenario("quiet", None, |q| {
+    quiet_scenario("quiet", QuietFault::None, |q| {
         let all = q.all();
         assert_eq!(q.failed, 0, "checks failed");
         assert!(all.checks > 600, "too few checks: {all:?}");
@@ -864,7 +869,7 @@ fn quiet_users_are_rarely_refused() {
 #[test]
 #[ignore = "not there yet: a key another node began using in the last round, checked in the gap before this round's frames, and keys new at a node after a degraded round, still wait or are refused (design §3.3.3)"]
 fn quiet_users_are_never_refused() {
-    quiet_scenario("quiet-strict", None, |q| {
+    quiet_scenario("quiet-strict", QuietFault::None, |q| {
         let all = q.all();
         assert_eq!(q.failed, 0, "checks failed");
         assert_eq!((all.denied, all.slow), (0, 0), "{all:?}");
@@ -875,14 +880,34 @@ fn quiet_users_are_never_refused() {
 ///     failures asserted (a lost frame degrades a round: design §3.3.4).
 #[test]
 fn quiet_users_under_loss() {
-    quiet_scenario("quiet-loss", Some(5), |q| {
+    quiet_scenario("quiet-loss", QuietFault::Loss(5), |q| {
         assert_eq!(q.failed, 0, "checks failed")
     });
 }
 
-/// Runs [`quiet_users`] on 3 nodes serving [`TIERS`] (with `loss` percent of UDP dropped at
-/// every node, if given), prints what it saw, and hands it to `judge`.
-fn quiet_scenario(tag: &'static str, loss: Option<u32>, judge: impl FnOnce(&Quiet)) {
+/// 5d. The same users while node-2 is killed 2 s into the load and restarted 1 s later:
+///     reported (the bursts sent to node-2 while it is down fail).
+#[test]
+fn quiet_users_through_a_restart() {
+    quiet_scenario("quiet-restart", QuietFault::Restart, |q| {
+        let all = q.all();
+        assert!(all.checks > 600, "too few checks: {all:?}");
+    });
+}
+
+/// What happens to the cluster while [`quiet_users`] runs.
+#[derive(Debug, Clone, Copy)]
+enum QuietFault {
+    None,
+    /// This percentage of UDP datagrams dropped at every node.
+    Loss(u32),
+    /// Node-2 killed 2 s into the load and restarted (same id) 1 s later.
+    Restart,
+}
+
+/// Runs [`quiet_users`] on 3 nodes serving [`TIERS`] under `fault`, prints what it saw, and
+/// hands it to `judge`.
+fn quiet_scenario(tag: &'static str, fault: QuietFault, judge: impl FnOnce(&Quiet)) {
     scenario_config(
         tag,
         3,
@@ -893,7 +918,7 @@ fn quiet_scenario(tag: &'static str, loss: Option<u32>, judge: impl FnOnce(&Quie
             wait_formed(tag, &lab, Duration::from_secs(15)).await;
             // Let the first rounds settle, as a cluster that has been up a while would be.
             sleep(Duration::from_secs(1)).await;
-            if let Some(loss) = loss {
+            if let QuietFault::Loss(loss) = fault {
                 let table = "gossamer_loss";
                 let rules = format!(
                     "table inet {table} {{\n  chain input {{\n    type filter hook input priority 0; policy accept;\n    meta l4proto udp numgen random mod 100 < {loss} drop\n  }}\n}}\n"
@@ -903,10 +928,29 @@ fn quiet_scenario(tag: &'static str, loss: Option<u32>, judge: impl FnOnce(&Quie
                 }
             }
             let before = print_rounds(tag, &lab).await;
-            let q = quiet_users(&lab, 1, 2_000, 60.0, Duration::from_secs(6)).await;
+            let load = tokio::spawn(quiet_users(
+                lab.addrs(),
+                1,
+                2_000,
+                60.0,
+                Duration::from_secs(6),
+            ));
+            if let QuietFault::Restart = fault {
+                sleep(Duration::from_secs(2)).await;
+                lab.kill(2);
+                eprintln!("[{tag}] SIGKILL node-2");
+                sleep(Duration::from_secs(1)).await;
+                lab.start(2);
+                eprintln!("[{tag}] restarted node-2 (same id) after 1 s down");
+            }
+            let q = load.await.expect("quiet users");
             lab.assert_running();
             let after = print_rounds(tag, &lab).await;
-            let degraded: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+            let degraded: Vec<u64> = after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a.saturating_sub(*b))
+                .collect();
             eprintln!("[{tag}] degraded rounds per node during the load: {degraded:?} of ~60");
             q.print(tag);
             judge(&q);
