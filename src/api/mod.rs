@@ -481,25 +481,48 @@ where
         .ok_or_else(|| ApiError::InvalidSettleCost(cost.to_string()))?;
     let served = app.served();
     let settled = served.engine.settle(&id, cost).map_err(ApiError::Settle)?;
-    let mut answer = serde_json::json!({
-        "reservation": &*id,
-        "rule": settled.rule,
-        "key": settled.key,
-        "reserved": settled.reserved,
-        "cost": settled.cost,
-        "refunded": settled.refunded,
-        "charged": settled.charged,
-        "unpaid": settled.unpaid,
-    });
+    /// The answer, fields in this order.
+    #[derive(serde::Serialize)]
+    struct Answer<'a> {
+        reservation: &'a str,
+        rule: &'a str,
+        key: &'a str,
+        reserved: u64,
+        cost: u64,
+        refunded: u64,
+        charged: u64,
+        unpaid: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        limit: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        remaining: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reset_after_ms: Option<u64>,
+    }
+    let standing = settled.standing.as_ref().map(|s| &s.decision);
+    let answer = Answer {
+        reservation: &id,
+        rule: &settled.rule,
+        key: &settled.key,
+        reserved: settled.reserved,
+        cost: settled.cost,
+        refunded: settled.refunded,
+        charged: settled.charged,
+        unpaid: settled.unpaid,
+        limit: standing.map(|d| d.limit),
+        remaining: standing.map(|d| d.remaining),
+        reset_after_ms: standing.map(|d| ceil_millis(d.reset_after)),
+    };
     let mut headers = HeaderMap::new();
-    if let Some(standing) = &settled.standing {
-        let d = &standing.decision;
-        answer["limit"] = d.limit.into();
-        answer["remaining"] = d.remaining.into();
-        answer["reset_after_ms"] = ceil_millis(d.reset_after).into();
-        if let Some(policies) = served.policies.get(settled.rule.as_str()) {
-            rate_limit_headers(&mut headers, policies, standing.limit_index, d);
-        }
+    if let (Some(standing), Some(policies)) =
+        (&settled.standing, served.policies.get(&settled.rule))
+    {
+        rate_limit_headers(
+            &mut headers,
+            policies,
+            standing.limit_index,
+            &standing.decision,
+        );
     }
     Ok((StatusCode::OK, headers, axum::Json(answer)).into_response())
 }
