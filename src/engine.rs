@@ -1682,4 +1682,38 @@ mod tests {
             ..rule(name, Algorithm::FixedWindow, limit, None)
         }
     }
+
+    #[test]
+    fn over_the_tree_a_refund_is_credit_too() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let me = Actor::new("n0", 1);
+        let (e, tree) = Engine::clustered_tree(
+            vec![global_window("w", 10)],
+            100,
+            clock.clone(),
+            me.clone(),
+            TreeParams::default(),
+        )
+        .unwrap();
+        crate::cluster::lock(&tree).set_members(std::slice::from_ref(&me), T0);
+        let round = TreeParams::default().round;
+        let tick = || {
+            clock.advance(round);
+            crate::cluster::lock(&tree).tick(clock.now());
+        };
+        for _ in 0..30 {
+            tick();
+        }
+        // The key asks for room, and the next round grants it.
+        assert_eq!(e.check("w", "k", 1, 0).unwrap().outcome, Outcome::Denied);
+        tick();
+        let id = reserve(&e, "w", "k", 8);
+        let s = e.settle(&id, 1).unwrap();
+        assert_eq!((s.refunded, s.standing.unwrap().decision.remaining), (7, 2));
+        // 2 the tree granted, 7 of credit: 9 more checks, as the limit allows.
+        let admitted = (0..12)
+            .filter(|_| e.check("w", "k", 1, 0).unwrap().decision.allowed())
+            .count();
+        assert_eq!(admitted, 9);
+    }
 }
