@@ -14,19 +14,28 @@
 //! sharing the state of every rule whose definition did not change (the caller swaps it in,
 //! see `server::reload`). A redefined rule starts with fresh counts; in a cluster, the global
 //! rules cannot change without a restart.
+//!
+//! Reserve, then settle: [`Engine::reserve_uncounted`] is a check that, admitted, is also
+//! remembered ([`crate::reserve::Reservations`]); [`Engine::settle`] gives back what the work
+//! did not use, into the window or bucket it came from ([`KeyState::refund`]), or charges
+//! what it used beyond. A clustered key's counts only grow, so there a refund becomes
+//! *credit* at this node, which later checks of the key spend first (design.md §3.7).
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 
 use crate::clock::Clock;
 use crate::cluster::Exchange;
-use crate::cluster::global::{Global, GlobalError, Params};
+use crate::cluster::global::{Global, GlobalError, LOG_SUBSLOTS, Params};
 use crate::cluster::tree::{Tree, TreeError, TreeKeys, TreeParams};
 use crate::config::{Rule, Scope};
 use crate::counter::Actor;
-use crate::limiter::{Decision, KeyState, Nanos, SECOND, Verdict};
+use crate::limiter::{Algorithm, Decision, KeyState, Limit, Nanos, Receipt, SECOND, Verdict};
 use crate::metrics::Striped;
+use crate::reserve::{
+    Credit, Credits, Fade, ReservationId, ReservationParams, Reservations, SettleError,
+};
 use crate::store::{Full, Store};
 
 /// Holds a check [`Engine::lease_pause`] paused until the cluster's next instant has run
@@ -106,6 +115,78 @@ pub struct RuleState {
     denied_with_room: Arc<Striped<1>>,
     /// In a cluster, where a global rule's keys live.
     global: Option<Counted>,
+    /// On a clustered rule, room settles gave back at this node (the cluster's counts only
+    /// grow, so a refund cannot lower them): spent first by later checks of the key here.
+    credits: Option<CreditStore>,
+}
+
+/// A clustered rule's credits by key ([`Credits`]), with the count of keys holding some, read
+/// without a lock by every check: none (the common case) skips the lookup.
+#[derive(Debug)]
+struct CreditStore {
+    keys: Arc<AtomicUsize>,
+    store: Store<Credits>,
+}
+
+impl CreditStore {
+    fn new(max_keys: usize) -> CreditStore {
+        let keys = Arc::new(AtomicUsize::new(0));
+        CreditStore {
+            store: Store::new(keys.clone(), max_keys),
+            keys,
+        }
+    }
+
+    fn any(&self) -> bool {
+        self.keys.load(Ordering::Relaxed) > 0
+    }
+}
+
+/// What a settle needs of a reservation.
+#[derive(Debug)]
+pub struct Held {
+    /// The rule's state the reservation was charged to. After a reload that redefined or
+    /// removed the rule it is no longer the one served, and nothing is given back.
+    state: Weak<RuleState>,
+    rule: Box<str>,
+    key: Box<str>,
+    cost: u64,
+    /// When it was charged.
+    at: Nanos,
+    charge: Charge,
+}
+
+/// Where a reservation's charge went.
+#[derive(Debug)]
+enum Charge {
+    /// This node's store: where each limit counted it.
+    Local(Box<[Receipt]>),
+    /// The cluster's counts (or a credit here). A bucket's credit fades from `origin`: the
+    /// charge's time, or the time of the earliest credit it was paid from.
+    Cluster { origin: Nanos },
+}
+
+/// What a settle did.
+#[derive(Debug, Clone)]
+pub struct Settled<'e> {
+    /// The rule's name.
+    pub rule: String,
+    /// The key.
+    pub key: String,
+    /// The reserved cost.
+    pub reserved: u64,
+    /// The actual cost settled.
+    pub cost: u64,
+    /// Units given back (below `reserved - cost` when the window closed or the bucket
+    /// refilled meanwhile, see [`KeyState::refund`]).
+    pub refunded: u64,
+    /// Units charged beyond the reservation.
+    pub charged: u64,
+    /// Units beyond the reservation that could not be charged: a clustered key whose node
+    /// held no room for them, a key the store had no room for, or a rule no longer served.
+    pub unpaid: u64,
+    /// Where the key stands afterwards (a status); `None` if the rule is no longer served.
+    pub standing: Option<Checked<'e>>,
 }
 
 /// Where the cluster counts a global rule's keys.
@@ -180,6 +261,8 @@ pub struct Engine {
     /// Evictions counted by rules that earlier reloads removed or redefined, so the total
     /// stays monotonic.
     evicted_before: u64,
+    /// Open reservations (carried into a reloaded engine).
+    reservations: Arc<Reservations<Held>>,
 }
 
 /// What a reload did to each rule, by name.
@@ -217,7 +300,20 @@ impl Engine {
             Arc::new(AtomicUsize::new(0)),
             None,
             &HashMap::default(),
+            Arc::default(),
         )
+    }
+
+    /// This engine with reservations bounded by `params` instead of the defaults (any open
+    /// reservations are dropped: call before serving).
+    pub fn with_reservations(mut self, params: ReservationParams) -> Engine {
+        self.reservations = Arc::new(Reservations::new(params));
+        self
+    }
+
+    /// The open reservations and their counters.
+    pub fn reservations(&self) -> &Reservations<Held> {
+        &self.reservations
     }
 
     /// An engine whose global rules are counted across the cluster by a [`Global`] acting as
@@ -249,6 +345,7 @@ impl Engine {
             keys,
             Some(Exchange::Mesh(global.clone())),
             &HashMap::default(),
+            Arc::default(),
         );
         Ok((engine, global))
     }
@@ -281,6 +378,7 @@ impl Engine {
             Arc::new(AtomicUsize::new(0)),
             Some(Exchange::Tree(tree.clone(), keys)),
             &HashMap::default(),
+            Arc::default(),
         );
         Ok((engine, tree))
     }
@@ -294,6 +392,7 @@ impl Engine {
         keys: Arc<AtomicUsize>,
         global: Option<Exchange>,
         previous: &HashMap<Box<str>, Arc<RuleState>, foldhash::fast::RandomState>,
+        reservations: Arc<Reservations<Held>>,
     ) -> Engine {
         let order = rules.iter().map(|r| r.name.as_str().into()).collect();
         let rules = rules
@@ -316,6 +415,7 @@ impl Engine {
                     outcomes: old.map(|o| o.outcomes.clone()).unwrap_or_default(),
                     denied_with_room: old.map(|o| o.denied_with_room.clone()).unwrap_or_default(),
                     rule,
+                    credits: global.as_ref().map(|_| CreditStore::new(max_keys)),
                     global,
                 };
                 (state.rule.name.as_str().into(), Arc::new(state))
@@ -329,6 +429,7 @@ impl Engine {
             max_keys,
             global,
             evicted_before: 0,
+            reservations,
         }
     }
 
@@ -382,6 +483,7 @@ impl Engine {
             self.keys.clone(),
             self.global.clone(),
             &self.rules,
+            self.reservations.clone(),
         );
         let dropped: u64 = self
             .rules
@@ -500,92 +602,194 @@ impl Engine {
         max_wait: Nanos,
     ) -> Result<Checked<'_>, UnknownRule> {
         let state = self.rule(rule)?;
-        let limits = &state.rule.limits[..];
         let now = self.clock.now();
         let max_wait = max_wait.min(state.rule.max_wait);
-        let result = match &state.global {
-            Some(Counted::Mesh(global, index)) => global.check(*index, key, cost, max_wait, now),
-            Some(Counted::Tree(keys)) => keys
-                .decide(&state.rule.name, key, cost, now)
-                .expect("the tree runs every global rule")
-                .map(|d| (0, d)),
-            None => state.store.update(
-                key,
-                now,
-                || KeyState::fresh(limits),
-                |s| s.is_fresh(limits, now),
-                |s| s.check(limits, now, cost, max_wait),
-            ),
-        };
-        let (limit_index, decision, outcome) = match result {
-            Ok((i, d)) => {
-                let outcome = match d.verdict {
-                    Verdict::Admit { .. } => Outcome::Allowed,
-                    Verdict::Deny { .. } => Outcome::Denied,
-                    Verdict::Never => Outcome::Never,
-                };
-                (i, d, outcome)
+        let (result, _) = self.decide_key(state, key, cost, max_wait, now, false);
+        Ok(checked(state, result, cost))
+    }
+
+    /// A check of `key` under `state` at `now`, charged if admitted. With `reserving`, also
+    /// where the charge went, for a later settle (`None` when not admitted).
+    fn decide_key(
+        &self,
+        state: &RuleState,
+        key: &str,
+        cost: u64,
+        max_wait: Nanos,
+        now: Nanos,
+        reserving: bool,
+    ) -> (Result<(usize, Decision), Full>, Option<Charge>) {
+        let limits = &state.rule.limits[..];
+        match &state.global {
+            Some(counted) => {
+                let (result, origin) = clustered_check(state, counted, key, cost, max_wait, now);
+                (result, Some(Charge::Cluster { origin }))
             }
-            Err(Full) => {
-                let limit = limits[0].limit();
-                let d = Decision {
-                    verdict: Verdict::Deny {
-                        retry_after: STORE_FULL_RETRY,
+            None => {
+                let mut receipts = None;
+                let result = state.store.update(
+                    key,
+                    now,
+                    || KeyState::fresh(limits),
+                    |s| s.is_fresh(limits, now),
+                    |s| {
+                        let (i, d) = s.check(limits, now, cost, max_wait);
+                        if reserving && d.allowed() {
+                            receipts = Some(s.receipts(limits, now));
+                        }
+                        (i, d)
                     },
-                    limit,
-                    remaining: 0,
-                    reset_after: STORE_FULL_RETRY,
-                };
-                (0, d, Outcome::StoreFull)
+                );
+                (result, receipts.map(Charge::Local))
             }
+        }
+    }
+
+    /// [`Engine::check_uncounted`], and an admitted check is also held as a reservation, whose
+    /// id is returned with it, for [`Engine::settle`]. With `max_reservations` open already,
+    /// the answer is what a new key gets at `max_keys` (denied, [`Outcome::StoreFull`]) and
+    /// nothing is charged.
+    pub fn reserve_uncounted(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        max_wait: Nanos,
+    ) -> Result<(Checked<'_>, Option<ReservationId>), UnknownRule> {
+        let shared = self
+            .rules
+            .get(rule)
+            .ok_or_else(|| UnknownRule(rule.to_owned()))?;
+        let state = &**shared;
+        let Some(claim) = self.reservations.claim() else {
+            return Ok((checked(state, Err(Full), cost), None));
         };
-        Ok(Checked {
-            rule: state,
-            limit_index,
-            decision,
-            outcome,
+        let now = self.clock.now();
+        let max_wait = max_wait.min(state.rule.max_wait);
+        let (result, charge) = self.decide_key(state, key, cost, max_wait, now, true);
+        let checked = checked(state, result, cost);
+        let id = match charge {
+            Some(charge) if checked.outcome == Outcome::Allowed => {
+                let held = Held {
+                    state: Arc::downgrade(shared),
+                    rule: rule.into(),
+                    key: key.into(),
+                    cost,
+                    at: now,
+                    charge,
+                };
+                Some(claim.fill(held, now))
+            }
+            _ => None,
+        };
+        Ok((checked, id))
+    }
+
+    /// Settles reservation `id` (as [`ReservationId`] prints it) with the `cost` the work
+    /// actually had.
+    ///
+    /// Below the reservation, the difference is given back into the window or bucket the
+    /// reservation was charged to, as far as that cannot admit more than a check of `cost`
+    /// would have ([`KeyState::refund`]: nothing once the window has closed); on a clustered
+    /// key it becomes credit at this node instead (design.md §3.7). Above it, the difference
+    /// is charged whether it fits or not (the work is done): the key may go past its limit
+    /// and is then denied until that has passed. On a clustered key the excess is charged
+    /// only as far as this node holds room for it; the rest is reported unpaid.
+    ///
+    /// Refused, changing nothing: an id that is unknown here, one settled already, one that
+    /// expired (its estimate stands).
+    pub fn settle(&self, id: &str, cost: u64) -> Result<Settled<'_>, SettleError> {
+        let id = ReservationId::parse(id).ok_or(SettleError::Unknown)?;
+        let now = self.clock.now();
+        let held = self.reservations.take(&id, now)?;
+        let current = self.rules.get(&*held.rule);
+        let same = current.filter(|c| std::ptr::eq(Arc::as_ptr(c), held.state.as_ptr()));
+        let (mut refunded, mut charged, mut unpaid) = (0, 0, 0);
+        if cost < held.cost {
+            if let Some(state) = same {
+                refunded = self.refund(state, &held, held.cost - cost, now);
+            }
+        } else if cost > held.cost {
+            let extra = cost - held.cost;
+            // Charged to the rule as it is now defined, if it still is: the work was done.
+            charged = current.map_or(0, |state| charge_extra(state, &held.key, extra, now));
+            unpaid = extra - charged;
+        }
+        let m = &self.reservations.metrics;
+        m.refunded.fetch_add(refunded, Ordering::Relaxed);
+        m.charged.fetch_add(charged, Ordering::Relaxed);
+        m.unpaid.fetch_add(unpaid, Ordering::Relaxed);
+        Ok(Settled {
+            rule: held.rule.to_string(),
+            key: held.key.to_string(),
+            reserved: held.cost,
             cost,
+            refunded,
+            charged,
+            unpaid,
+            standing: current.map(|state| status_of(state, &held.key, now)),
         })
+    }
+
+    /// Gives `amount` units of `held` back to the key, at `now`: into its state, or as credit
+    /// on a clustered key. Returns the units given back.
+    fn refund(&self, state: &RuleState, held: &Held, amount: u64, now: Nanos) -> u64 {
+        let limits = &state.rule.limits[..];
+        let shaping = state.rule.max_wait > 0;
+        match (&held.charge, &state.global, &state.credits) {
+            (Charge::Local(receipts), None, _) => state
+                .store
+                .update_stored(&held.key, |s| {
+                    s.refund(limits, receipts, amount, now, shaping)
+                })
+                .unwrap_or(0),
+            (Charge::Cluster { origin }, Some(counted), Some(credits)) => {
+                // A shaping rule's callers hold places in a queue: credit would let a later
+                // check skip it.
+                if shaping
+                    && limits
+                        .iter()
+                        .any(|l| l.algorithm() == Algorithm::LeakyBucket)
+                {
+                    return 0;
+                }
+                let credit = credit_for(limits, counted, held, *origin, amount);
+                let back = credit.spendable(now);
+                if back == 0 {
+                    return 0;
+                }
+                let credit = credit_for(limits, counted, held, *origin, back);
+                let added = credits.store.update(
+                    &held.key,
+                    now,
+                    Credits::default,
+                    |c| c.is_spent(now),
+                    |c| c.add(credit),
+                );
+                if added.is_ok() { back } else { 0 }
+            }
+            _ => 0,
+        }
     }
 
     /// Where `key` stands under `rule`: what is left, and whether a check of cost 1 would be
     /// admitted now. Consumes nothing and stores nothing.
     pub fn status(&self, rule: &str, key: &str) -> Result<Checked<'_>, UnknownRule> {
         let state = self.rule(rule)?;
-        let limits = &state.rule.limits[..];
-        let now = self.clock.now();
-        let (limit_index, decision) = match &state.global {
-            Some(Counted::Mesh(global, index)) => global.status(*index, key, now),
-            Some(Counted::Tree(keys)) => (
-                0,
-                keys.status(&state.rule.name, key, now)
-                    .expect("the tree runs every global rule"),
-            ),
-            None => state.store.read(key, |s| match s {
-                Some(s) => s.status(limits, now),
-                None => KeyState::fresh(limits).status(limits, now),
-            }),
-        };
-        let outcome = if decision.allowed() {
-            Outcome::Allowed
-        } else {
-            Outcome::Denied
-        };
-        Ok(Checked {
-            rule: state,
-            limit_index,
-            decision,
-            outcome,
-            cost: 1,
-        })
+        Ok(status_of(state, key, self.clock.now()))
     }
 
     /// Evicts every key whose state equals a fresh key's; returns how many went.
+    /// Also expires reservations past their timeout and forgets spent credit.
     pub fn sweep(&self) -> usize {
         let now = self.clock.now();
+        self.reservations.sweep(now);
         self.rules
             .values()
             .map(|r| {
+                if let Some(credits) = &r.credits {
+                    credits.store.sweep(|c| c.is_spent(now));
+                }
                 let limits = &r.rule.limits[..];
                 r.store.sweep(|s| s.is_fresh(limits, now))
             })
@@ -603,12 +807,217 @@ impl Engine {
     }
 }
 
+/// A decision (or a full store) as a [`Checked`].
+fn checked(state: &RuleState, result: Result<(usize, Decision), Full>, cost: u64) -> Checked<'_> {
+    let (limit_index, decision, outcome) = match result {
+        Ok((i, d)) => {
+            let outcome = match d.verdict {
+                Verdict::Admit { .. } => Outcome::Allowed,
+                Verdict::Deny { .. } => Outcome::Denied,
+                Verdict::Never => Outcome::Never,
+            };
+            (i, d, outcome)
+        }
+        Err(Full) => {
+            let d = Decision {
+                verdict: Verdict::Deny {
+                    retry_after: STORE_FULL_RETRY,
+                },
+                limit: state.rule.limits[0].limit(),
+                remaining: 0,
+                reset_after: STORE_FULL_RETRY,
+            };
+            (0, d, Outcome::StoreFull)
+        }
+    };
+    Checked {
+        rule: state,
+        limit_index,
+        decision,
+        outcome,
+        cost,
+    }
+}
+
+/// Where `key` stands under `state` at `now` (see [`Engine::status`]).
+fn status_of<'e>(state: &'e RuleState, key: &str, now: Nanos) -> Checked<'e> {
+    let limits = &state.rule.limits[..];
+    let (limit_index, decision) = match &state.global {
+        Some(counted) => standing(state, counted, key, now),
+        None => state.store.read(key, |s| match s {
+            Some(s) => s.status(limits, now),
+            None => KeyState::fresh(limits).status(limits, now),
+        }),
+    };
+    let outcome = if decision.allowed() {
+        Outcome::Allowed
+    } else {
+        Outcome::Denied
+    };
+    Checked {
+        rule: state,
+        limit_index,
+        decision,
+        outcome,
+        cost: 1,
+    }
+}
+
+/// A clustered key's status.
+fn standing(state: &RuleState, counted: &Counted, key: &str, now: Nanos) -> (usize, Decision) {
+    match counted {
+        Counted::Mesh(global, index) => global.status(*index, key, now),
+        Counted::Tree(keys) => (
+            0,
+            keys.status(&state.rule.name, key, now)
+                .expect("the tree runs every global rule"),
+        ),
+    }
+}
+
+/// A clustered key's check: paid from the key's credit at this node first and the rest by
+/// the cluster, all or nothing. Also returns where a bucket credit of this charge would
+/// start fading: `now`, or the time of the earliest credit it spent.
+fn clustered_check(
+    state: &RuleState,
+    counted: &Counted,
+    key: &str,
+    cost: u64,
+    max_wait: Nanos,
+    now: Nanos,
+) -> (Result<(usize, Decision), Full>, Nanos) {
+    let cluster = |cost: u64| match counted {
+        Counted::Mesh(global, index) => global.check(*index, key, cost, max_wait, now),
+        Counted::Tree(keys) => keys
+            .decide(&state.rule.name, key, cost, now)
+            .expect("the tree runs every global rule")
+            .map(|d| (0, d)),
+    };
+    let credits = match &state.credits {
+        Some(credits) if credits.any() => credits,
+        _ => return (cluster(cost), now),
+    };
+    if cost == 0 || cost > max_cost(&state.rule.limits) {
+        return (cluster(cost), now);
+    }
+    // Under the credit's shard lock, so two checks cannot spend the same credit; the
+    // cluster's own lock is taken inside it, never the other way round.
+    let paid = credits.store.update_stored(key, |c| {
+        let from_credit = c.spendable(now).min(cost);
+        if from_credit == 0 {
+            return None;
+        }
+        let result = if from_credit == cost {
+            let (i, mut d) = standing(state, counted, key, now);
+            d.verdict = Verdict::Admit { wait: 0 };
+            Ok((i, d))
+        } else {
+            cluster(cost - from_credit)
+        };
+        let admitted = matches!(&result, Ok((_, d)) if d.allowed());
+        let origin = if admitted {
+            c.spend(from_credit, now)
+        } else {
+            now
+        };
+        Some((result, origin))
+    });
+    paid.flatten().unwrap_or_else(|| (cluster(cost), now))
+}
+
+/// Charges a settle's `extra` cost to `key` whether it fits or not; returns what was
+/// charged. A clustered key is charged only what this node can: a check of the whole excess,
+/// or failing that what credit the key has here (room the cluster counted already).
+fn charge_extra(state: &RuleState, key: &str, extra: u64, now: Nanos) -> u64 {
+    let limits = &state.rule.limits[..];
+    let Some(counted) = &state.global else {
+        let charged = state.store.update(
+            key,
+            now,
+            || KeyState::fresh(limits),
+            |s| s.is_fresh(limits, now),
+            |s| s.charge(limits, now, extra),
+        );
+        return if charged.is_ok() { extra } else { 0 };
+    };
+    let (result, _) = clustered_check(state, counted, key, extra, 0, now);
+    if matches!(result, Ok((_, d)) if d.allowed()) {
+        return extra;
+    }
+    let from_credit = state.credits.as_ref().and_then(|credits| {
+        credits.store.update_stored(key, |c| {
+            let n = c.spendable(now).min(extra);
+            if n > 0 {
+                c.spend(n, now);
+            }
+            n
+        })
+    });
+    from_credit.unwrap_or(0)
+}
+
+/// The largest cost a check under `limits` can ever be admitted with.
+fn max_cost(limits: &[Limit]) -> u64 {
+    limits.iter().map(Limit::max_cost).min().unwrap_or(0)
+}
+
+/// The credit of `amount` units a settle of `held` gives a clustered key: spendable until
+/// the first of its windows' slots that counted the reservation ends, and fading at the
+/// rate of its fastest bucket from `origin` (design.md §3.7).
+fn credit_for(
+    limits: &[Limit],
+    counted: &Counted,
+    held: &Held,
+    origin: Nanos,
+    amount: u64,
+) -> Credit {
+    let mut until = Nanos::MAX;
+    let mut fade: Option<Fade> = None;
+    for l in limits {
+        if l.algorithm().has_burst() {
+            let faster = fade.is_none_or(|f| {
+                u128::from(l.limit()) * u128::from(f.period)
+                    > u128::from(f.limit) * u128::from(l.period())
+            });
+            if faster {
+                fade = Some(Fade {
+                    reserved: held.cost,
+                    limit: l.limit(),
+                    period: l.period(),
+                });
+            }
+        } else {
+            let slot = slot_len(counted, l);
+            until = until.min((held.at / slot + 1).saturating_mul(slot));
+        }
+    }
+    Credit::new(amount, origin, until, fade)
+}
+
+/// The length of the slots the cluster counts a windowed limit in (design.md §3.4): its
+/// period, but a sliding log's sub-slot over the mesh (the largest of whole rounds, at most
+/// [`LOG_SUBSLOTS`] a period, as [`Global`] divides it).
+fn slot_len(counted: &Counted, l: &Limit) -> Nanos {
+    match (counted, l.algorithm()) {
+        (Counted::Mesh(global, _), Algorithm::SlidingWindowLog) => {
+            let round = global.params().round;
+            let k = (1..=LOG_SUBSLOTS)
+                .rev()
+                .find(|k| l.period() % (k * round) == 0)
+                .unwrap_or(1);
+            l.period() / k
+        }
+        _ => l.period(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
     use crate::config::{Config, Scope};
     use crate::limiter::{Algorithm, Limit, MILLISECOND};
+    use crate::reserve::{ReservationParams, SettleError};
 
     const T0: Nanos = 1_700_000_000 * SECOND;
 
@@ -991,5 +1400,320 @@ mod tests {
             e.reload(vec![rule("l", Algorithm::TokenBucket, 1, None)])
                 .is_err()
         );
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Reserve, then settle
+    // -----------------------------------------------------------------------------------
+
+    /// The start of a minute after [`T0`] (where the per-minute tests start their clock).
+    const M0: Nanos = T0 - T0 % (60 * SECOND) + 60 * SECOND;
+
+    fn per_minute(name: &str, algorithm: Algorithm, limit: u64) -> Rule {
+        Rule {
+            limits: vec![Limit::new(algorithm, limit, 60 * SECOND, None).unwrap()],
+            ..rule(name, algorithm, limit, None)
+        }
+    }
+
+    /// Reserves `cost`, which must be admitted; the id.
+    fn reserve(e: &Engine, rule: &str, key: &str, cost: u64) -> String {
+        let (checked, id) = e.reserve_uncounted(rule, key, cost, 0).unwrap();
+        assert_eq!(checked.outcome, Outcome::Allowed, "{checked:?}");
+        id.expect("an admitted reservation has an id").to_string()
+    }
+
+    fn remaining(e: &Engine, rule: &str, key: &str) -> u64 {
+        e.status(rule, key).unwrap().decision.remaining
+    }
+
+    #[test]
+    fn a_settle_below_the_reservation_gives_the_difference_back() {
+        let (clock, e) = engine(vec![per_minute("w", Algorithm::FixedWindow, 10)], 10);
+        clock.set(M0);
+        let id = reserve(&e, "w", "k", 8);
+        assert_eq!(remaining(&e, "w", "k"), 2);
+        clock.advance(SECOND);
+        let s = e.settle(&id, 3).unwrap();
+        assert_eq!(
+            (s.reserved, s.cost, s.refunded, s.charged, s.unpaid),
+            (8, 3, 5, 0, 0)
+        );
+        assert_eq!(s.standing.unwrap().decision.remaining, 7);
+        assert_eq!(remaining(&e, "w", "k"), 7);
+        // Once only, and nothing moves.
+        assert_eq!(e.settle(&id, 0).unwrap_err(), SettleError::AlreadySettled);
+        assert_eq!(remaining(&e, "w", "k"), 7);
+        // Another tag for the same serial: a forged or foreign id.
+        let forged = format!(
+            "{}{:016x}",
+            &id[..16],
+            u64::from_str_radix(&id[16..], 16).unwrap() ^ 1
+        );
+        for bad in ["", "nope", &"0".repeat(32), &forged] {
+            assert_eq!(e.settle(bad, 0).unwrap_err(), SettleError::Unknown, "{bad}");
+        }
+        let m = &e.reservations().metrics;
+        assert_eq!(m.made.load(Ordering::Relaxed), 1);
+        assert_eq!(m.settled.load(Ordering::Relaxed), 1);
+        assert_eq!(m.refunded.load(Ordering::Relaxed), 5);
+    }
+
+    #[test]
+    fn a_settle_above_the_reservation_charges_past_the_limit() {
+        let (clock, e) = engine(vec![per_minute("w", Algorithm::FixedWindow, 10)], 10);
+        clock.set(M0);
+        let id = reserve(&e, "w", "k", 4);
+        clock.advance(SECOND);
+        let s = e.settle(&id, 15).unwrap();
+        assert_eq!((s.refunded, s.charged, s.unpaid), (0, 11, 0));
+        let standing = s.standing.unwrap().decision;
+        assert_eq!((standing.remaining, standing.allowed()), (0, false));
+        // Refused until the window ends.
+        let denied = e.check("w", "k", 1, 0).unwrap();
+        assert_eq!(
+            denied.decision.verdict,
+            Verdict::Deny {
+                retry_after: 59 * SECOND
+            }
+        );
+        assert_eq!(e.reservations().metrics.charged.load(Ordering::Relaxed), 11);
+    }
+
+    #[test]
+    fn a_settle_after_the_window_closed_gives_nothing_back() {
+        let (clock, e) = engine(vec![per_minute("w", Algorithm::FixedWindow, 10)], 10);
+        clock.set(M0 + 59 * SECOND);
+        let id = reserve(&e, "w", "k", 8);
+        clock.advance(SECOND);
+        assert_eq!(e.settle(&id, 0).unwrap().refunded, 0);
+        assert_eq!(remaining(&e, "w", "k"), 10);
+        // ... and a sliding window counter's previous window still takes it.
+        let (clock, e) = engine(
+            vec![per_minute("c", Algorithm::SlidingWindowCounter, 10)],
+            10,
+        );
+        clock.set(M0 + 59 * SECOND);
+        let id = reserve(&e, "c", "k", 8);
+        clock.advance(SECOND);
+        assert_eq!(e.settle(&id, 0).unwrap().refunded, 8);
+    }
+
+    #[test]
+    fn an_unsettled_reservation_expires_and_keeps_its_estimate() {
+        let (clock, e) = engine(vec![per_minute("w", Algorithm::FixedWindow, 10)], 10);
+        clock.set(M0);
+        let e = e.with_reservations(ReservationParams {
+            timeout: 10 * SECOND,
+            max_open: 10,
+        });
+        let id = reserve(&e, "w", "k", 8);
+        clock.advance(10 * SECOND);
+        e.sweep();
+        assert_eq!(e.reservations().metrics.expired.load(Ordering::Relaxed), 1);
+        assert_eq!(e.settle(&id, 1).unwrap_err(), SettleError::Expired);
+        assert_eq!(remaining(&e, "w", "k"), 2);
+        assert_eq!(e.reservations().open(), 0);
+    }
+
+    #[test]
+    fn at_max_reservations_a_reserve_is_store_full_and_charges_nothing() {
+        let (_, e) = engine(vec![per_minute("w", Algorithm::FixedWindow, 10)], 10);
+        let e = e.with_reservations(ReservationParams {
+            timeout: 10 * SECOND,
+            max_open: 1,
+        });
+        // A denied reservation gives its place back.
+        let (denied, none) = e.reserve_uncounted("w", "a", 11, 0).unwrap();
+        assert_eq!((denied.outcome, none), (Outcome::Never, None));
+        let id = reserve(&e, "w", "a", 1);
+        let (full, none) = e.reserve_uncounted("w", "b", 1, 0).unwrap();
+        assert_eq!((full.outcome, none), (Outcome::StoreFull, None));
+        assert_eq!(e.rule("w").unwrap().active_keys(), 1);
+        e.settle(&id, 1).unwrap();
+        reserve(&e, "w", "b", 1);
+    }
+
+    #[test]
+    fn a_rule_redefined_since_the_reservation_gets_nothing_back() {
+        let (_, e) = engine(vec![per_minute("w", Algorithm::FixedWindow, 10)], 10);
+        let id = reserve(&e, "w", "k", 8);
+        let (next, _) = e
+            .reload(vec![per_minute("w", Algorithm::FixedWindow, 20)])
+            .unwrap();
+        let s = next.settle(&id, 2).unwrap();
+        assert_eq!((s.refunded, s.unpaid), (0, 0));
+        assert_eq!(remaining(&next, "w", "k"), 20);
+        // An unchanged rule keeps its reservations across a reload.
+        let id = reserve(&next, "w", "k", 5);
+        let (again, _) = next
+            .reload(vec![per_minute("w", Algorithm::FixedWindow, 20)])
+            .unwrap();
+        assert_eq!(again.settle(&id, 1).unwrap().refunded, 4);
+    }
+
+    /// A clustered engine alone in its cluster, with its rounds run as the clock moves.
+    struct Lone {
+        clock: Arc<ManualClock>,
+        engine: Engine,
+        global: Arc<Global>,
+    }
+
+    impl Lone {
+        fn new(rules: Vec<Rule>) -> Lone {
+            let clock = Arc::new(ManualClock::new(T0));
+            let me = Actor::new("a".to_owned(), 1);
+            let (engine, global) =
+                Engine::clustered(rules, 100, clock.clone(), me, Params::default()).unwrap();
+            let lone = Lone {
+                clock,
+                engine,
+                global,
+            };
+            lone.run_to(T0 + 2 * SECOND);
+            lone
+        }
+
+        /// Runs every boundary and instant up to `to`, and leaves the clock there.
+        fn run_to(&self, to: Nanos) {
+            for _ in 0..100_000 {
+                let next = self.global.next_tick(self.clock.now());
+                if next > to {
+                    self.clock.set(to);
+                    return;
+                }
+                self.clock.set(next);
+                self.global.tick(next);
+                if self.global.next_tick(next) == next {
+                    self.clock.set(next + 1);
+                }
+            }
+            panic!("the rounds did not reach {to}");
+        }
+    }
+
+    #[test]
+    fn a_clustered_refund_is_credit_that_later_checks_here_spend_without_the_cluster() {
+        let lone = Lone::new(vec![global_window("w", 10)]);
+        let e = &lone.engine;
+        lone.run_to(T0 + 3 * SECOND + 10 * MILLISECOND);
+        let id = reserve(e, "w", "k", 8);
+        assert_eq!(remaining(e, "w", "k"), 2);
+        lone.run_to(T0 + 3 * SECOND + 40 * MILLISECOND);
+        let s = e.settle(&id, 2).unwrap();
+        assert_eq!(s.refunded, 6);
+        // The cluster's count keeps the 8: its remaining does not move...
+        assert_eq!(s.standing.unwrap().decision.remaining, 2);
+        // ... but this node may admit 6 more from the credit, and the 2 the count leaves:
+        // 2 + 8 = the limit in all, and not one more.
+        for i in 0..8 {
+            assert!(
+                e.check("w", "k", 1, 0).unwrap().decision.allowed(),
+                "check {i}"
+            );
+        }
+        let denied = e.check("w", "k", 1, 0).unwrap();
+        assert_eq!(denied.outcome, Outcome::Denied);
+        assert_eq!(remaining(e, "w", "k"), 0);
+        // A credit ends with its window.
+        let id = reserve(&lone.engine, "w", "other", 5);
+        let s = e.settle(&id, 0).unwrap();
+        assert_eq!(s.refunded, 5);
+        lone.run_to(T0 + 4 * SECOND + 50 * MILLISECOND);
+        for _ in 0..10 {
+            assert!(e.check("w", "other", 1, 0).unwrap().decision.allowed());
+        }
+        assert!(!e.check("w", "other", 1, 0).unwrap().decision.allowed());
+        // A window closed before the settle gives no credit.
+        let id = reserve(e, "w", "late", 4);
+        lone.run_to(T0 + 5 * SECOND + 50 * MILLISECOND);
+        assert_eq!(e.settle(&id, 0).unwrap().refunded, 0);
+        assert_eq!(e.sweep(), 0);
+    }
+
+    #[test]
+    fn a_clustered_credit_pays_part_of_a_check_and_the_cluster_the_rest() {
+        let lone = Lone::new(vec![global_window("w", 10)]);
+        let e = &lone.engine;
+        lone.run_to(T0 + 3 * SECOND + 10 * MILLISECOND);
+        let id = reserve(e, "w", "k", 6);
+        e.settle(&id, 3).unwrap();
+        // 3 of credit and 4 left in the count: 7 fits, 8 does not (and spends nothing).
+        assert!(!e.check("w", "k", 8, 0).unwrap().decision.allowed());
+        assert!(e.check("w", "k", 7, 0).unwrap().decision.allowed());
+        assert!(!e.check("w", "k", 1, 0).unwrap().decision.allowed());
+        // A settle above a clustered reservation is charged where the node has room.
+        let id = reserve(e, "w", "b", 2);
+        let s = e.settle(&id, 5).unwrap();
+        assert_eq!((s.charged, s.unpaid), (3, 0));
+        let id = reserve(e, "w", "c", 2);
+        let s = e.settle(&id, 50).unwrap();
+        assert_eq!((s.charged, s.unpaid), (0, 48));
+    }
+
+    #[test]
+    fn a_clustered_bucket_credit_fades_at_the_buckets_rate() {
+        let lone = Lone::new(vec![global("b", 10)]);
+        let e = &lone.engine;
+        let id = reserve(e, "b", "k", 10);
+        assert!(!e.check("b", "k", 1, 0).unwrap().decision.allowed());
+        assert_eq!(e.settle(&id, 4).unwrap().refunded, 6);
+        // At once, the 6 are there (the bucket itself is empty). Half a second later, a
+        // bucket charged only 4 would have refilled 5 of its 10: of the credit, at most
+        // 10 − 5 = 5 in all may be spent by then, and 3 were.
+        for _ in 0..3 {
+            assert!(e.check("b", "k", 1, 0).unwrap().decision.allowed());
+        }
+        lone.run_to(lone.clock.now() + 500 * MILLISECOND);
+        let credit = e
+            .rule("b")
+            .unwrap()
+            .credits
+            .as_ref()
+            .unwrap()
+            .store
+            .read("k", |c| c.map(|c| c.spendable(lone.clock.now())));
+        assert_eq!(credit, Some(2));
+    }
+
+    fn global_window(name: &str, limit: u64) -> Rule {
+        Rule {
+            scope: Scope::Global,
+            ..rule(name, Algorithm::FixedWindow, limit, None)
+        }
+    }
+
+    #[test]
+    fn over_the_tree_a_refund_is_credit_too() {
+        let clock = Arc::new(ManualClock::new(T0));
+        let me = Actor::new("n0", 1);
+        let (e, tree) = Engine::clustered_tree(
+            vec![global_window("w", 10)],
+            100,
+            clock.clone(),
+            me.clone(),
+            TreeParams::default(),
+        )
+        .unwrap();
+        crate::cluster::lock(&tree).set_members(std::slice::from_ref(&me), T0);
+        let round = TreeParams::default().round;
+        let tick = || {
+            clock.advance(round);
+            crate::cluster::lock(&tree).tick(clock.now());
+        };
+        for _ in 0..30 {
+            tick();
+        }
+        // The key asks for room, and the next round grants it.
+        assert_eq!(e.check("w", "k", 1, 0).unwrap().outcome, Outcome::Denied);
+        tick();
+        let id = reserve(&e, "w", "k", 8);
+        let s = e.settle(&id, 1).unwrap();
+        assert_eq!((s.refunded, s.standing.unwrap().decision.remaining), (7, 2));
+        // 2 the tree granted, 7 of credit: 9 more checks, as the limit allows.
+        let admitted = (0..12)
+            .filter(|_| e.check("w", "k", 1, 0).unwrap().decision.allowed())
+            .count();
+        assert_eq!(admitted, 9);
     }
 }

@@ -7,6 +7,7 @@
 //! - [`limiter`]: the five algorithms, pure functions of (state, now, cost); composite rules.
 //! - [`store`]: the sharded, bounded keyed store that owns concurrency and eviction.
 //! - [`engine`]: rules + store + clock; the only reader of the time.
+//! - [`reserve`]: reserve-then-settle bookkeeping: open reservations, credit on clustered keys.
 //! - [`clock`]: the [`Clock`](clock::Clock) trait, the system clock and a manual clock.
 //! - [`cluster`]: global limits across nodes: the round protocol (sans-IO), membership by
 //!   gossip (chitchat), frames over QUIC with mutual TLS, and the shell that runs them.
@@ -35,6 +36,7 @@ pub mod demo;
 pub mod engine;
 pub mod limiter;
 pub mod metrics;
+pub mod reserve;
 pub mod rls;
 pub mod server;
 pub mod store;

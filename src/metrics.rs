@@ -1,5 +1,5 @@
 //! Prometheus metrics: checks by rule and outcome, the check-latency histogram, active keys,
-//! evictions, and HTTP errors by code. Counting is a relaxed atomic add; rendering happens
+//! evictions, reservations, and HTTP errors by code. Counting is a relaxed atomic add; rendering happens
 //! only when `/metrics` is scraped.
 //!
 //! Counters touched on every check are [`Striped`]: each thread adds to its own cache line,
@@ -179,6 +179,40 @@ pub fn render(engine: &Engine, http: &HttpMetrics, reloads: &ReloadMetrics) -> S
     );
     out.push_str("# TYPE gossamer_evictions_total counter\n");
     let _ = writeln!(out, "gossamer_evictions_total {}", engine.evictions());
+    let r = &engine.reservations().metrics;
+    out.push_str("# HELP gossamer_reservations_total Reservations (POST /v1/reserve) by event: made (admitted and charged), settled, expired (not settled within reservation_timeout: the estimate stood).\n");
+    out.push_str("# TYPE gossamer_reservations_total counter\n");
+    for (event, n) in [
+        ("made", &r.made),
+        ("settled", &r.settled),
+        ("expired", &r.expired),
+    ] {
+        let _ = writeln!(
+            out,
+            "gossamer_reservations_total{{event=\"{event}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
+    out.push_str("# HELP gossamer_reservations_open Reservations waiting for their settle.\n");
+    out.push_str("# TYPE gossamer_reservations_open gauge\n");
+    let _ = writeln!(
+        out,
+        "gossamer_reservations_open {}",
+        engine.reservations().open()
+    );
+    out.push_str("# HELP gossamer_reservation_units_total Units settles gave back (refunded), charged beyond the reservation (charged), or could not charge (unpaid: a clustered key whose node held no room for them).\n");
+    out.push_str("# TYPE gossamer_reservation_units_total counter\n");
+    for (kind, n) in [
+        ("refunded", &r.refunded),
+        ("charged", &r.charged),
+        ("unpaid", &r.unpaid),
+    ] {
+        let _ = writeln!(
+            out,
+            "gossamer_reservation_units_total{{kind=\"{kind}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
     out.push_str(
         "# HELP gossamer_check_duration_seconds Time to decide a check, waits excluded.\n",
     );

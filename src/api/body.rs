@@ -18,6 +18,9 @@ pub(super) struct DecisionBody<'a> {
     pub outcome: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub waited_ms: Option<u64>,
+    /// An admitted reservation's id (`POST /v1/reserve`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reservation: Option<&'a str>,
 }
 
 impl DecisionBody<'_> {
@@ -45,6 +48,10 @@ impl DecisionBody<'_> {
         if let Some(n) = self.waited_ms {
             out.extend_from_slice(br#","waited_ms":"#);
             number(out, n);
+        }
+        if let Some(id) = self.reservation {
+            out.extend_from_slice(br#","reservation":"#);
+            string(out, id);
         }
         out.push(b'}');
     }
@@ -77,10 +84,12 @@ mod tests {
             allowed: bool, key in any::<String>(), rule in "[a-z.#_-]{1,8}",
             limit: u64, remaining: u64, reset: u64, retry: Option<u64>, waited: Option<u64>,
             outcome in prop::sample::select(vec!["allowed", "denied", "never", "store_full"]),
+            reservation in prop::option::of("[0-9a-f]{32}"),
         ) {
             let body = DecisionBody {
                 allowed, rule: &rule, key: &key, limit, remaining, reset_after_ms: reset,
                 retry_after_ms: retry, outcome, waited_ms: waited,
+                reservation: reservation.as_deref(),
             };
             let mut ours = Vec::new();
             body.encode(&mut ours);
@@ -100,6 +109,7 @@ mod tests {
             retry_after_ms: None,
             outcome: "never",
             waited_ms: None,
+            reservation: None,
         };
         let mut out = Vec::new();
         body.encode(&mut out);

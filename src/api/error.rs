@@ -5,6 +5,8 @@ use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use crate::reserve::SettleError;
+
 /// Why a request was refused. Every variant is a client error: nothing here is a 5xx.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ApiError {
@@ -23,6 +25,16 @@ pub enum ApiError {
     /// `cost` is not a whole number ≥ 1.
     #[error("\"cost\" must be a whole number of at least 1, got {0}")]
     InvalidCost(String),
+    /// A settle's `cost` is not a whole number from 0 to
+    /// [`MAX_SETTLE_COST`](crate::reserve::MAX_SETTLE_COST).
+    #[error(
+        "\"cost\" must be a whole number from 0 to {max}, got {0}",
+        max = crate::reserve::MAX_SETTLE_COST
+    )]
+    InvalidSettleCost(String),
+    /// A settle's `reservation` is not one open here (see [`SettleError`]).
+    #[error("{0}")]
+    Settle(SettleError),
     /// `wait_ms` is not a whole number ≥ 0.
     #[error("\"wait_ms\" must be a whole number of milliseconds, got {0}")]
     InvalidWait(String),
@@ -73,11 +85,17 @@ pub enum ErrorCode {
     MethodNotAllowed,
     /// 404, see [`ApiError::NotFound`].
     NotFound,
+    /// 404, see [`SettleError::Unknown`].
+    UnknownReservation,
+    /// 409, see [`SettleError::AlreadySettled`].
+    AlreadySettled,
+    /// 410, see [`SettleError::Expired`].
+    ReservationExpired,
 }
 
 impl ErrorCode {
     /// Every code, in the order metrics list them.
-    pub const ALL: [ErrorCode; 12] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::MalformedJson,
         ErrorCode::InvalidQuery,
         ErrorCode::MissingField,
@@ -90,6 +108,9 @@ impl ErrorCode {
         ErrorCode::Timeout,
         ErrorCode::MethodNotAllowed,
         ErrorCode::NotFound,
+        ErrorCode::UnknownReservation,
+        ErrorCode::AlreadySettled,
+        ErrorCode::ReservationExpired,
     ];
 
     /// The code as it appears in bodies and metrics.
@@ -107,6 +128,9 @@ impl ErrorCode {
             ErrorCode::Timeout => "request_timeout",
             ErrorCode::MethodNotAllowed => "method_not_allowed",
             ErrorCode::NotFound => "not_found",
+            ErrorCode::UnknownReservation => "unknown_reservation",
+            ErrorCode::AlreadySettled => "already_settled",
+            ErrorCode::ReservationExpired => "reservation_expired",
         }
     }
 }
@@ -119,7 +143,7 @@ impl ApiError {
             ApiError::InvalidQuery(_) => ErrorCode::InvalidQuery,
             ApiError::MissingField(_) => ErrorCode::MissingField,
             ApiError::UnknownField(_) => ErrorCode::UnknownField,
-            ApiError::InvalidCost(_) => ErrorCode::InvalidCost,
+            ApiError::InvalidCost(_) | ApiError::InvalidSettleCost(_) => ErrorCode::InvalidCost,
             ApiError::InvalidWait(_) => ErrorCode::InvalidWait,
             ApiError::KeyTooLong(_) => ErrorCode::KeyTooLong,
             ApiError::UnknownRule(_) => ErrorCode::UnknownRule,
@@ -127,13 +151,20 @@ impl ApiError {
             ApiError::Timeout => ErrorCode::Timeout,
             ApiError::MethodNotAllowed(_) => ErrorCode::MethodNotAllowed,
             ApiError::NotFound => ErrorCode::NotFound,
+            ApiError::Settle(SettleError::Unknown) => ErrorCode::UnknownReservation,
+            ApiError::Settle(SettleError::AlreadySettled) => ErrorCode::AlreadySettled,
+            ApiError::Settle(SettleError::Expired) => ErrorCode::ReservationExpired,
         }
     }
 
     /// The HTTP status.
     pub fn status(&self) -> StatusCode {
         match self.code() {
-            ErrorCode::UnknownRule | ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::UnknownRule | ErrorCode::NotFound | ErrorCode::UnknownReservation => {
+                StatusCode::NOT_FOUND
+            }
+            ErrorCode::AlreadySettled => StatusCode::CONFLICT,
+            ErrorCode::ReservationExpired => StatusCode::GONE,
             ErrorCode::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::Timeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,

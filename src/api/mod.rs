@@ -237,6 +237,14 @@ pub fn router(app: Arc<App>) -> Router {
             "/v1/check/batch",
             axum::routing::post(check_batch).fallback(only("POST")),
         )
+        .route(
+            "/v1/reserve",
+            axum::routing::post(reserve_post).fallback(only("POST")),
+        )
+        .route(
+            "/v1/settle",
+            axum::routing::post(settle_post).fallback(only("POST")),
+        )
         .route("/v1/status", get(status).fallback(only("GET")))
         .route("/v1/cluster", get(cluster).fallback(only("GET")))
         .route("/metrics", get(metrics).fallback(only("GET")))
@@ -278,6 +286,24 @@ struct BatchItemBody<'a> {
     key: Option<Cow<'a, str>>,
     #[serde(default)]
     cost: Option<serde_json::Value>,
+}
+
+/// A settle as posted: `{"reservation": "<id>", "cost": <actual cost>}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SettleBody<'a> {
+    #[serde(borrow, default)]
+    reservation: Option<Cow<'a, str>>,
+    #[serde(default)]
+    cost: Option<serde_json::Value>,
+}
+
+/// Whether a decision is a check or a reservation (`POST /v1/reserve`: a check that, admitted,
+/// is also held for a settle).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Check,
+    Reserve,
 }
 
 /// The most checks one batch may hold.
@@ -369,6 +395,30 @@ where
     B: http_body::Body<Data = Bytes>,
     B::Error: std::error::Error + Send + Sync + 'static,
 {
+    decision_post_body(app, headers, body, Mode::Check).await
+}
+
+/// `POST /v1/reserve`: a check (same body, same answer) that, admitted, also carries
+/// `"reservation": "<id>"` for `POST /v1/settle`.
+async fn reserve_post(State(app): State<Arc<App>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    match decision_post_body(&app, &parts.headers, body, Mode::Reserve).await {
+        Ok(response) => response.map(Body::new),
+        Err(e) => app.refuse(e),
+    }
+}
+
+/// A check's or a reservation's POST body, validated, decided and answered.
+async fn decision_post_body<B>(
+    app: &App,
+    headers: &HeaderMap,
+    body: B,
+    mode: Mode,
+) -> Result<Response<Full<Bytes>>, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
     let body = read_body(app, headers, body).await?;
     // serde would also read a JSON array as the struct's fields in order; only objects count.
     if body.trim_ascii_start().first() != Some(&b'{') {
@@ -388,7 +438,93 @@ where
         Some(v) => json_whole_number(v).ok_or_else(|| ApiError::InvalidWait(v.to_string())),
     };
     let request = validate(parsed.rule.as_deref(), parsed.key.as_deref(), cost, wait_ms)?;
-    check(app, request).await
+    check(app, request, mode).await
+}
+
+/// `POST /v1/settle`: settles a reservation with its actual cost ([`Engine::settle`]). 200
+/// with what was given back or charged and where the key stands; a 4xx, changing nothing,
+/// for an unknown (404), settled (409) or expired (410) reservation or a bad cost (400).
+async fn settle_post(State(app): State<Arc<App>>, request: Request) -> Response {
+    let (parts, body) = request.into_parts();
+    match settle_body(&app, &parts.headers, body).await {
+        Ok(response) => response,
+        Err(e) => app.refuse(e),
+    }
+}
+
+async fn settle_body<B>(app: &App, headers: &HeaderMap, body: B) -> Result<Response, ApiError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: std::error::Error + Send + Sync + 'static,
+{
+    const EXAMPLE: &str = r#"{"reservation":"<id from /v1/reserve>","cost":1500}"#;
+    let body = read_body(app, headers, body).await?;
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return Err(ApiError::MalformedJson(format!(
+            "the body must be a JSON object such as {EXAMPLE}"
+        )));
+    }
+    let parsed: SettleBody<'_> =
+        serde_json::from_slice(&body).map_err(|e| match json_error(e) {
+            ApiError::MalformedJson(_) => {
+                ApiError::MalformedJson(format!("the body must be a JSON object such as {EXAMPLE}"))
+            }
+            other => other,
+        })?;
+    let id = parsed
+        .reservation
+        .filter(|r| !r.is_empty())
+        .ok_or(ApiError::MissingField("reservation"))?;
+    let cost = parsed.cost.ok_or(ApiError::MissingField("cost"))?;
+    let cost = json_whole_number(&cost)
+        .filter(|&n| n <= crate::reserve::MAX_SETTLE_COST)
+        .ok_or_else(|| ApiError::InvalidSettleCost(cost.to_string()))?;
+    let served = app.served();
+    let settled = served.engine.settle(&id, cost).map_err(ApiError::Settle)?;
+    /// The answer, fields in this order.
+    #[derive(serde::Serialize)]
+    struct Answer<'a> {
+        reservation: &'a str,
+        rule: &'a str,
+        key: &'a str,
+        reserved: u64,
+        cost: u64,
+        refunded: u64,
+        charged: u64,
+        unpaid: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        limit: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        remaining: Option<u64>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reset_after_ms: Option<u64>,
+    }
+    let standing = settled.standing.as_ref().map(|s| &s.decision);
+    let answer = Answer {
+        reservation: &id,
+        rule: &settled.rule,
+        key: &settled.key,
+        reserved: settled.reserved,
+        cost: settled.cost,
+        refunded: settled.refunded,
+        charged: settled.charged,
+        unpaid: settled.unpaid,
+        limit: standing.map(|d| d.limit),
+        remaining: standing.map(|d| d.remaining),
+        reset_after_ms: standing.map(|d| ceil_millis(d.reset_after)),
+    };
+    let mut headers = HeaderMap::new();
+    if let (Some(standing), Some(policies)) =
+        (&settled.standing, served.policies.get(&settled.rule))
+    {
+        rate_limit_headers(
+            &mut headers,
+            policies,
+            standing.limit_index,
+            &standing.decision,
+        );
+    }
+    Ok((StatusCode::OK, headers, axum::Json(answer)).into_response())
 }
 
 /// `POST /v1/check/batch`: several (rule, key, cost) decided all or nothing
@@ -527,7 +663,7 @@ async fn check_get(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Re
             .map_err(|_| ApiError::InvalidWait(format!("\"{s}\""))),
     };
     let checked = match validate(query.rule.as_deref(), query.key.as_deref(), cost, wait_ms) {
-        Ok(request) => check(&app, request).await,
+        Ok(request) => check(&app, request, Mode::Check).await,
         Err(e) => Err(e),
     };
     match checked {
@@ -555,9 +691,8 @@ async fn status(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Respo
     };
     let served = app.served();
     match served.engine.status(request.rule, request.key) {
-        Ok(checked) => {
-            decision_response(&served, StatusCode::OK, request.key, &checked, 0).map(Body::new)
-        }
+        Ok(checked) => decision_response(&served, StatusCode::OK, request.key, &checked, 0, None)
+            .map(Body::new),
         Err(e) => app.refuse(ApiError::UnknownRule(e.0)),
     }
 }
@@ -571,18 +706,23 @@ enum Step {
     Pause(Nanos, u64),
 }
 
-/// Runs a validated check and, for a shaping rule, holds the caller as long as decided.
-async fn check(app: &App, request: CheckRequest<'_>) -> Result<Response<Full<Bytes>>, ApiError> {
+/// Runs a validated check (or reservation) and, for a shaping rule, holds the caller as long
+/// as decided.
+async fn check(
+    app: &App,
+    request: CheckRequest<'_>,
+    mode: Mode,
+) -> Result<Response<Full<Bytes>>, ApiError> {
     let started = Instant::now();
     // The rules are loaded for the decision only, never held across an await.
-    let step = decide(&app.served(), &request, true)?;
+    let step = decide(&app.served(), &request, true, mode)?;
     let (response, wait) = match step {
         Step::Answer(response, wait) => (response, wait),
         Step::Pause(pause, seen) => {
             let early = app.served().engine.lease_comes_early();
             let instants = || app.served().engine.instants();
             crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
-            match decide(&app.served(), &request, false)? {
+            match decide(&app.served(), &request, false, mode)? {
                 Step::Answer(response, wait) => (response, wait),
                 Step::Pause(..) => unreachable!("decide pauses only when asked to"),
             }
@@ -595,14 +735,27 @@ async fn check(app: &App, request: CheckRequest<'_>) -> Result<Response<Full<Byt
     Ok(response)
 }
 
-/// Decides and counts a check, unless `may_pause` and the decision is a clustered key this
-/// node holds no lease for yet: that gets one within milliseconds, so the caller waits for
-/// it rather than answer 429 (Retry-After would round that up to a second).
-fn decide(served: &Served, request: &CheckRequest<'_>, may_pause: bool) -> Result<Step, ApiError> {
+/// Decides and counts a check (a reservation is one), unless `may_pause` and the decision is
+/// a clustered key this node holds no lease for yet: that gets one within milliseconds, so
+/// the caller waits for it rather than answer 429 (Retry-After would round that up to a
+/// second).
+fn decide(
+    served: &Served,
+    request: &CheckRequest<'_>,
+    may_pause: bool,
+    mode: Mode,
+) -> Result<Step, ApiError> {
     let engine = &served.engine;
-    let checked = engine
-        .check_uncounted(request.rule, request.key, request.cost, request.wait)
-        .map_err(|e| ApiError::UnknownRule(e.0))?;
+    let (rule, key, cost, wait) = (request.rule, request.key, request.cost, request.wait);
+    let (checked, reservation) = match mode {
+        Mode::Check => (engine.check_uncounted(rule, key, cost, wait), None),
+        Mode::Reserve => match engine.reserve_uncounted(rule, key, cost, wait) {
+            Ok((checked, id)) => (Ok(checked), id),
+            Err(e) => (Err(e), None),
+        },
+    };
+    let checked = checked.map_err(|e| ApiError::UnknownRule(e.0))?;
+    // Only a denial pauses, and a denial holds no reservation.
     if may_pause && let Some(pause) = engine.lease_pause(&checked, request.cost) {
         return Ok(Step::Pause(pause, engine.instants()));
     }
@@ -616,7 +769,8 @@ fn decide(served: &Served, request: &CheckRequest<'_>, may_pause: bool) -> Resul
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    let response = decision_response(served, status, request.key, &checked, wait);
+    let id = reservation.map(|id| id.to_string());
+    let response = decision_response(served, status, request.key, &checked, wait, id.as_deref());
     Ok(Step::Answer(response, wait))
 }
 
@@ -750,6 +904,7 @@ fn decision_response(
     key: &str,
     checked: &Checked<'_>,
     wait: Nanos,
+    reservation: Option<&str>,
 ) -> Response<Full<Bytes>> {
     let d = &checked.decision;
     let rule = &checked.rule.rule.name;
@@ -763,8 +918,9 @@ fn decision_response(
         retry_after_ms: d.retry_after().map(ceil_millis),
         outcome: checked.outcome.name(),
         waited_ms: (wait > 0).then(|| ceil_millis(wait)),
+        reservation,
     };
-    let mut json = Vec::with_capacity(192 + key.len());
+    let mut json = Vec::with_capacity(240 + key.len());
     body.encode(&mut json);
     let mut response = Response::new(Full::new(Bytes::from(json)));
     *response.status_mut() = status;

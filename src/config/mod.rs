@@ -32,6 +32,11 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 /// How often fresh keys are evicted.
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a reservation waits for its settle before it expires, keeping its estimate.
+pub const DEFAULT_RESERVATION_TIMEOUT: Duration =
+    Duration::from_nanos(crate::reserve::DEFAULT_RESERVATION_TIMEOUT);
+/// The most reservations open at once.
+pub const DEFAULT_MAX_RESERVATIONS: usize = crate::reserve::DEFAULT_MAX_RESERVATIONS;
 /// The scheduler slice the threads answering checks ask for (`[server] check_slice`).
 pub const DEFAULT_CHECK_SLICE: Duration = Duration::from_micros(100);
 /// The range of slices Linux accepts (it clamps others into it).
@@ -139,6 +144,12 @@ pub struct ServerConfig {
     /// Where Envoy's rate limit service (gRPC) listens; off when `None` (`[server] grpc`,
     /// `--grpc`).
     pub grpc: Option<SocketAddr>,
+    /// How long a reservation (`POST /v1/reserve`) waits for its settle; unsettled, it
+    /// expires and keeps its estimate.
+    pub reservation_timeout: Duration,
+    /// The most reservations open at once; beyond it a reserve is answered like a new key
+    /// at `max_keys` (429, `store_full`) and charges nothing.
+    pub max_reservations: usize,
 }
 
 /// Cluster settings.
@@ -712,6 +723,11 @@ impl Parser<'_> {
             None => None,
             Some(v) => Some(socket_addr(v).map_err(|m| err("grpc", m))?),
         };
+        let reservation_timeout =
+            positive_duration(f.get("reservation_timeout"), DEFAULT_RESERVATION_TIMEOUT)
+                .map_err(|m| err("reservation_timeout", m))?;
+        let max_reservations = count(f.get("max_reservations"), DEFAULT_MAX_RESERVATIONS)
+            .map_err(|m| err("max_reservations", m))?;
         if let Some(field) = f.unknown() {
             return Err(err(field, "unknown field".into()));
         }
@@ -725,6 +741,8 @@ impl Parser<'_> {
             sweep_interval,
             check_slice,
             grpc,
+            reservation_timeout,
+            max_reservations,
         })
     }
 

@@ -55,6 +55,32 @@ fn round_nice_defaults_to_zero_and_takes_a_nice_value_or_idle() {
 }
 
 #[test]
+fn reservation_bounds_default_and_parse() {
+    let rule = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\n";
+    let c = parse(rule).unwrap();
+    assert_eq!(c.server.reservation_timeout, Duration::from_secs(600));
+    assert_eq!(c.server.max_reservations, 100_000);
+    let c = parse(&format!(
+        "[server]\nreservation_timeout = \"90s\"\nmax_reservations = 5\n{rule}"
+    ))
+    .unwrap();
+    assert_eq!(c.server.reservation_timeout, Duration::from_secs(90));
+    assert_eq!(c.server.max_reservations, 5);
+    for (field, bad) in [
+        ("reservation_timeout", "\"0s\""),
+        ("reservation_timeout", "10"),
+        ("max_reservations", "0"),
+        ("max_reservations", "\"many\""),
+    ] {
+        assert!(
+            error(&format!("[server]\n{field} = {bad}\n{rule}"))
+                .contains(&format!("[server], field \"{field}\"")),
+            "{field} = {bad}"
+        );
+    }
+}
+
+#[test]
 fn check_slice_takes_microseconds_or_any_duration_within_what_linux_accepts() {
     let rule = "[[rule]]\nname = \"a\"\nalgorithm = \"fixed_window\"\nlimit = 1\nperiod = \"1s\"\n";
     let slice = |v: &str| {

@@ -4,7 +4,7 @@
 //! Cheap and simple, with the known weakness that up to `2 × limit` can pass around a window
 //! edge (the end of one window and the start of the next). Pure: no I/O, no clock.
 
-use super::{Decision, Limit, Nanos, Verdict};
+use super::{Decision, Limit, Nanos, Receipt, Verdict};
 
 /// One key's window.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -49,18 +49,42 @@ pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
     Decision {
         verdict,
         limit: limit.limit(),
-        remaining: limit.limit() - used,
+        // A settle may have charged past the limit (`commit` of a cost not admitted).
+        remaining: limit.limit().saturating_sub(used),
         reset_after: if used == 0 { 0 } else { until_next },
     }
 }
 
-/// Counts `cost` in the window holding `now`; `decide` must have admitted it.
+/// Counts `cost` in the window holding `now`. Past the limit if `decide` did not admit it: the
+/// window then denies until it ends.
 pub fn commit(state: &mut State, limit: &Limit, now: Nanos, cost: u64) {
     let window = now / limit.period();
     if window > state.window {
         *state = State { window, count: 0 };
     }
-    state.count += cost;
+    state.count = state.count.saturating_add(cost);
+}
+
+/// The window the charge just committed was counted in (a later one than `now`'s if the
+/// clock stepped back: see [`count`]).
+pub fn receipt(state: &State, limit: &Limit, _now: Nanos) -> Receipt {
+    Receipt {
+        at: state.window * limit.period(),
+        room: 0,
+    }
+}
+
+/// Takes up to `amount` units off the count of the window `receipt` names, if that window is
+/// still the one counting at `now`; a closed window gets nothing back (its count no longer
+/// matters). The result is the count the window would hold had the charge been smaller.
+pub fn refund(state: &mut State, limit: &Limit, receipt: &Receipt, amount: u64, now: Nanos) -> u64 {
+    let window = receipt.at / limit.period();
+    if state.window != window || now / limit.period() > window {
+        return 0;
+    }
+    let back = amount.min(state.count);
+    state.count -= back;
+    back
 }
 
 /// A window with nothing counted at `now` is fresh.
@@ -130,6 +154,60 @@ mod tests {
         let mut s = State::default();
         assert!(check(&mut s, &l, T0 + SECOND, 1).allowed());
         assert!(!check(&mut s, &l, T0, 1).allowed());
+    }
+
+    /// Reserves `cost` as a check would (admitted), returning the receipt.
+    fn reserve(s: &mut State, l: &Limit, now: Nanos, cost: u64) -> Receipt {
+        assert!(check(s, l, now, cost).allowed());
+        receipt(s, l, now)
+    }
+
+    #[test]
+    fn fixed_window_refund_in_the_open_window_can_be_spent_again() {
+        let l = window(10, 60 * SECOND);
+        let mut s = State::default();
+        let r = reserve(&mut s, &l, T0 + 10 * SECOND, 8);
+        assert_eq!(decide(&s, &l, T0 + 20 * SECOND, 0).remaining, 2);
+        assert_eq!(refund(&mut s, &l, &r, 5, T0 + 20 * SECOND), 5);
+        assert_eq!(decide(&s, &l, T0 + 20 * SECOND, 0).remaining, 7);
+        assert!(check(&mut s, &l, T0 + 30 * SECOND, 7).allowed());
+        assert!(!check(&mut s, &l, T0 + 30 * SECOND, 1).allowed());
+        // Never more than was counted.
+        let mut t = State::default();
+        let r = reserve(&mut t, &l, T0, 3);
+        assert_eq!(refund(&mut t, &l, &r, 50, T0), 3);
+        assert!(is_fresh(&t, &l, T0));
+    }
+
+    #[test]
+    fn fixed_window_refund_after_the_window_closed_gives_nothing() {
+        let l = window(10, 60 * SECOND);
+        let mut s = State::default();
+        let r = reserve(&mut s, &l, T0 + 59 * SECOND, 10);
+        let before = s.clone();
+        assert_eq!(refund(&mut s, &l, &r, 10, T0 + 60 * SECOND), 0);
+        assert_eq!(s, before);
+        // Nor into the next window's count.
+        assert!(check(&mut s, &l, T0 + 61 * SECOND, 4).allowed());
+        assert_eq!(refund(&mut s, &l, &r, 10, T0 + 61 * SECOND), 0);
+        assert_eq!(decide(&s, &l, T0 + 61 * SECOND, 0).remaining, 6);
+    }
+
+    #[test]
+    fn fixed_window_charge_past_the_limit_denies_until_the_window_ends() {
+        let l = window(10, 60 * SECOND);
+        let mut s = State::default();
+        assert!(check(&mut s, &l, T0, 8).allowed());
+        commit(&mut s, &l, T0 + SECOND, 7); // a settle's extra cost: 15 of 10
+        let d = decide(&s, &l, T0 + SECOND, 1);
+        assert_eq!(d.remaining, 0);
+        assert_eq!(
+            d.verdict,
+            Verdict::Deny {
+                retry_after: 59 * SECOND
+            }
+        );
+        assert!(check(&mut s, &l, T0 + 60 * SECOND, 10).allowed());
     }
 
     proptest! {

@@ -14,7 +14,7 @@
 //! exactly the decisions a token bucket with the same parameters makes — a test checks it —
 //! the difference is shaping. Pure: no I/O, no clock.
 
-use super::{Decision, Limit, Nanos, Verdict, div_ceil_nanos, div_u64};
+use super::{Decision, Limit, Nanos, Receipt, Verdict, div_ceil_nanos, div_u64};
 
 /// One key's meter.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -66,11 +66,50 @@ pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64, max_wait: Nan
     }
 }
 
-/// Pours `cost` in at `now` (reserving a place if the caller is to wait); `decide` must have
-/// admitted it.
+/// Pours `cost` in at `now` (reserving a place if the caller is to wait). A cost `decide` did
+/// not admit overflows the brim: the bucket then denies until it has drained below it.
 pub fn commit(state: &mut State, limit: &Limit, now: Nanos, cost: u64) {
     let now_scaled = u128::from(now) * u128::from(limit.limit());
     state.empty_at = state.empty_at.max(now_scaled) + u128::from(cost) * u128::from(limit.period());
+}
+
+/// The bucket's level right after the charge just committed at `now`.
+pub fn receipt(state: &State, limit: &Limit, now: Nanos) -> Receipt {
+    Receipt {
+        at: now,
+        room: level(state, limit, now),
+    }
+}
+
+/// Takes up to `amount` units of the charge `receipt` describes back out of the bucket, at
+/// `now`.
+///
+/// The mirror of [`token_bucket::refund`](super::token_bucket::refund): a bucket that drains
+/// empty loses its deficit, so only what the charge's level minus the drain since
+/// (`room − limit × (now − at)`) still holds can come out; the bucket never goes below
+/// empty. `shaping`: callers may have been given places behind the charge (waits), which
+/// already fixed when they leave; taking the charge out from under them would let later
+/// callers leave alongside them. So a shaping rule gives back only while nothing was poured
+/// after the charge (it is still the bucket's last).
+pub fn refund(
+    state: &mut State,
+    limit: &Limit,
+    receipt: &Receipt,
+    amount: u64,
+    now: Nanos,
+    shaping: bool,
+) -> u64 {
+    let period = u128::from(limit.period());
+    let rate = u128::from(limit.limit());
+    if shaping && state.empty_at != receipt.room + u128::from(receipt.at) * rate {
+        return 0;
+    }
+    let drained = u128::from(now.saturating_sub(receipt.at)) * rate;
+    let back = amount
+        .min(div_u64(receipt.room.saturating_sub(drained), period))
+        .min(div_u64(level(state, limit, now), period));
+    state.empty_at -= u128::from(back) * period;
+    back
 }
 
 /// An empty bucket is a fresh one.
@@ -158,6 +197,49 @@ mod tests {
         check(&mut s, &l, T0, 4, 0);
         assert!(!is_fresh(&s, &l, T0 + 399 * MILLISECOND));
         assert!(is_fresh(&s, &l, T0 + 400 * MILLISECOND));
+    }
+
+    fn reserve(s: &mut State, l: &Limit, now: Nanos, cost: u64, max_wait: Nanos) -> Receipt {
+        assert!(check(s, l, now, cost, max_wait).allowed());
+        receipt(s, l, now)
+    }
+
+    #[test]
+    fn leaky_bucket_refund_takes_out_what_has_not_drained() {
+        let l = meter(10, SECOND, 20);
+        let mut s = State::default();
+        let r = reserve(&mut s, &l, T0, 20, 0);
+        let mut at_once = s.clone();
+        assert_eq!(refund(&mut at_once, &l, &r, 5, T0, false), 5);
+        assert_eq!(decide(&at_once, &l, T0, 0, 0).remaining, 5);
+        // 1 s later 10 have drained. Had the charge been 5, the bucket would have drained
+        // empty half a second ago and lost the rest of the drain: only 10 of 15 come out.
+        assert_eq!(refund(&mut s, &l, &r, 15, T0 + SECOND, false), 10);
+        assert!(is_fresh(&s, &l, T0 + SECOND));
+    }
+
+    #[test]
+    fn leaky_bucket_shaping_refunds_only_the_last_charge() {
+        let l = meter(10, SECOND, 2);
+        let wait = SECOND;
+        let mut s = State::default();
+        let r = reserve(&mut s, &l, T0, 2, wait);
+        // Nothing poured since: the whole reservation can come out.
+        let mut alone = s.clone();
+        assert_eq!(refund(&mut alone, &l, &r, 2, T0, true), 2);
+        // A caller was given a place behind it (leaving in 100 ms): taking the reservation out
+        // would let the next caller leave at once, beside it. Nothing comes back.
+        assert_eq!(
+            check(&mut s, &l, T0, 1, wait).verdict,
+            Verdict::Admit {
+                wait: 100 * MILLISECOND
+            }
+        );
+        let before = s.clone();
+        assert_eq!(refund(&mut s, &l, &r, 2, T0, true), 0);
+        assert_eq!(s, before);
+        // Policing (no places given out), the same refund is safe.
+        assert_eq!(refund(&mut s, &l, &r, 2, T0, false), 2);
     }
 
     proptest! {

@@ -10,6 +10,18 @@
 //! - `is_fresh(&state, limit, now)` says whether the state equals a fresh key's, so the key
 //!   can be evicted without changing any future decision.
 //!
+//! A reservation (`POST /v1/reserve`, then `/v1/settle`) adds two steps:
+//! - `receipt(&state, limit, now)`, taken right after a commit, says where the charge went;
+//! - `refund(&mut state, limit, &receipt, amount, now)` gives back up to `amount` units of
+//!   that charge, only as far as the state then admits no more than it would have had the
+//!   charge been `amount` smaller (a closed window gets nothing back; a bucket gets back
+//!   less the longer it has refilled since, see each algorithm).
+//!
+//! `commit` also takes a cost `decide` did not admit (a settle's actual cost above the
+//! reservation: the work already happened): the state then owes it, and denies until the
+//! debt has passed (a window counts past its limit, a token bucket refills nothing until the
+//! shortfall is made up).
+//!
 //! A status query is `decide` with cost 0, which always admits and reports what is left.
 //!
 //! Time is [`Nanos`] since the Unix epoch. Bucket algorithms compute in *scaled* integer
@@ -193,7 +205,8 @@ impl Limit {
         }
     }
 
-    /// Records an admission of `cost` at `now` that [`Limit::decide`] allowed.
+    /// Records an admission of `cost` at `now` that [`Limit::decide`] allowed, or charges a
+    /// cost it did not (the key then owes it: see the module doc).
     pub fn commit(&self, state: &mut State, now: Nanos, cost: u64) {
         match state {
             State::TokenBucket(s) => token_bucket::commit(s, self, now, cost),
@@ -212,6 +225,39 @@ impl Limit {
             State::FixedWindow(s) => fixed_window::is_fresh(s, self, now),
             State::SlidingLog(s) => sliding_log::is_fresh(s, self, now),
             State::SlidingCounter(s) => sliding_counter::is_fresh(s, self, now),
+        }
+    }
+
+    /// Where the charge just committed at `now` went (call right after [`Limit::commit`]).
+    pub fn receipt(&self, state: &State, now: Nanos) -> Receipt {
+        match state {
+            State::TokenBucket(s) => token_bucket::receipt(s, self, now),
+            State::LeakyBucket(s) => leaky_bucket::receipt(s, self, now),
+            State::FixedWindow(s) => fixed_window::receipt(s, self, now),
+            State::SlidingLog(s) => sliding_log::receipt(s, self, now),
+            State::SlidingCounter(s) => sliding_counter::receipt(s, self, now),
+        }
+    }
+
+    /// Gives back up to `amount` units of the charge `receipt` describes, at `now`, as far as
+    /// `state` then admits no more than it would have had that charge been `amount` smaller;
+    /// returns the units given back (0 once the window it was counted in has closed).
+    /// `shaping`: the rule may hold callers (a leaky bucket with `max_wait`), whose places
+    /// behind the charge were already given out.
+    pub fn refund(
+        &self,
+        state: &mut State,
+        receipt: &Receipt,
+        amount: u64,
+        now: Nanos,
+        shaping: bool,
+    ) -> u64 {
+        match state {
+            State::TokenBucket(s) => token_bucket::refund(s, self, receipt, amount, now),
+            State::LeakyBucket(s) => leaky_bucket::refund(s, self, receipt, amount, now, shaping),
+            State::FixedWindow(s) => fixed_window::refund(s, self, receipt, amount, now),
+            State::SlidingLog(s) => sliding_log::refund(s, self, receipt, amount, now),
+            State::SlidingCounter(s) => sliding_counter::refund(s, self, receipt, amount, now),
         }
     }
 
@@ -289,6 +335,21 @@ impl Decision {
             Verdict::Never => None,
         }
     }
+}
+
+/// Where a charge went in one limit's state, kept by a reservation so that a settle can give
+/// back what the reservation did not use ([`Limit::refund`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// When the charge counts: a window's charge counts in the window holding `at`; a sliding
+    /// log's is the entry logged at `at`; a bucket's was poured at `at`.
+    pub at: Nanos,
+    /// Buckets only (0 for windows), in scaled units (one unit of cost = `period`): how far
+    /// the bucket stood from where it can no longer move right after the charge. A token
+    /// bucket: below full (a fuller bucket loses tokens to its cap); a leaky bucket: above
+    /// empty. The refill or drain since `at` eats into it, and a refund never exceeds what
+    /// is left of it (see [`token_bucket::refund`]).
+    pub room: u128,
 }
 
 /// All limits' states for one key of a rule, checked and charged together.
@@ -400,6 +461,46 @@ impl KeyState {
             .zip(self.states())
             .all(|(limit, state)| limit.is_fresh(state, now))
     }
+
+    /// Where the charge just committed at `now` went, one receipt per limit.
+    pub fn receipts(&self, limits: &[Limit], now: Nanos) -> Box<[Receipt]> {
+        limits
+            .iter()
+            .zip(self.states())
+            .map(|(limit, state)| limit.receipt(state, now))
+            .collect()
+    }
+
+    /// Gives back up to `amount` units of the charge `receipts` describe to every limit
+    /// ([`Limit::refund`]); returns the least any limit got back, which is what the rule as a
+    /// whole got back (a check must pass every limit).
+    pub fn refund(
+        &mut self,
+        limits: &[Limit],
+        receipts: &[Receipt],
+        amount: u64,
+        now: Nanos,
+        shaping: bool,
+    ) -> u64 {
+        limits
+            .iter()
+            .zip(self.states_mut())
+            .zip(receipts)
+            .map(|((limit, state), receipt)| limit.refund(state, receipt, amount, now, shaping))
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Charges `cost` to every limit whether or not it fits (a settle's cost above its
+    /// reservation): the key owes what does not fit, and is denied until it has passed.
+    pub fn charge(&mut self, limits: &[Limit], now: Nanos, cost: u64) {
+        if cost == 0 {
+            return;
+        }
+        for (limit, state) in limits.iter().zip(self.states_mut()) {
+            limit.commit(state, now, cost);
+        }
+    }
 }
 
 pub(crate) fn admit_wait(d: &Decision) -> Nanos {
@@ -434,6 +535,8 @@ pub(crate) fn div_u64(a: u128, b: u128) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use proptest::test_runner::TestCaseError;
 
     fn tb(limit: u64, period: Nanos, burst: u64) -> Limit {
         Limit::new(Algorithm::TokenBucket, limit, period, Some(burst)).unwrap()
@@ -565,6 +668,184 @@ mod tests {
             }
             assert_eq!(key, before, "{algorithm}");
         }
+    }
+
+    /// One step of a run with reservations.
+    #[derive(Clone, Debug)]
+    enum Op {
+        /// A check of `cost`, `dt` ms after the previous step.
+        Check { dt: u64, cost: u64 },
+        /// A reservation of `cost` whose work turns out to cost `actual`.
+        Reserve { dt: u64, cost: u64, actual: u64 },
+        /// Settles the `pick`-th open reservation (modulo their number).
+        Settle { dt: u64, pick: usize },
+    }
+
+    fn ops() -> impl Strategy<Value = Vec<Op>> {
+        let op = prop_oneof![
+            3 => (0u64..400, 1u64..8).prop_map(|(dt, cost)| Op::Check { dt, cost }),
+            2 => (0u64..400, 1u64..12, 0u64..14)
+                .prop_map(|(dt, cost, actual)| Op::Reserve { dt, cost, actual }),
+            2 => (0u64..1_500, 0usize..8).prop_map(|(dt, pick)| Op::Settle { dt, pick }),
+        ];
+        prop::collection::vec(op, 1..120)
+    }
+
+    /// Plays `ops` on two states of `limit`: `real` as the node does (a reservation charges
+    /// its cost, a settle refunds or charges the difference), `plain` as if every reservation
+    /// had been a check of its actual cost (a cost above the reservation is only known at the
+    /// settle, so both charge it there). Asserts after every step that whatever `real` would
+    /// admit, `plain` would admit too.
+    fn play(limit: &Limit, max_wait: Nanos, ops: Vec<Op>) -> Result<(), TestCaseError> {
+        let shaping = max_wait > 0;
+        let (mut real, mut plain) = (limit.fresh_state(), limit.fresh_state());
+        let mut open: Vec<(Receipt, u64, u64)> = Vec::new();
+        let mut now = 1_700_000_000 * SECOND;
+        for op in ops {
+            match op {
+                Op::Check { dt, cost } => {
+                    now += dt * MILLISECOND;
+                    if limit.decide(&real, now, cost, max_wait).allowed() {
+                        limit.commit(&mut real, now, cost);
+                        limit.commit(&mut plain, now, cost);
+                    }
+                }
+                Op::Reserve { dt, cost, actual } => {
+                    now += dt * MILLISECOND;
+                    if limit.decide(&real, now, cost, max_wait).allowed() {
+                        limit.commit(&mut real, now, cost);
+                        let receipt = limit.receipt(&real, now);
+                        let now_known = actual.min(cost);
+                        if now_known > 0 {
+                            prop_assert!(limit.decide(&plain, now, now_known, max_wait).allowed());
+                            limit.commit(&mut plain, now, now_known);
+                        }
+                        open.push((receipt, cost, actual));
+                    }
+                }
+                Op::Settle { dt, pick } => {
+                    if open.is_empty() {
+                        continue;
+                    }
+                    now += dt * MILLISECOND;
+                    let (receipt, cost, actual) = open.swap_remove(pick % open.len());
+                    if actual < cost {
+                        let back = limit.refund(&mut real, &receipt, cost - actual, now, shaping);
+                        prop_assert!(back <= cost - actual);
+                    } else if actual > cost {
+                        limit.commit(&mut real, now, actual - cost);
+                        limit.commit(&mut plain, now, actual - cost);
+                    }
+                }
+            }
+            for c in 1..=limit.max_cost().min(40) {
+                if limit.decide(&real, now, c, max_wait).allowed() {
+                    prop_assert!(
+                        limit.decide(&plain, now, c, max_wait).allowed(),
+                        "cost {c} at {now}: {real:?} admits, {plain:?} would not"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        /// A reservation settled for less never leaves any algorithm admitting more than
+        /// checks of the actual costs would have, over the same run.
+        #[test]
+        fn reserve_then_settle_never_admits_more_than_checks_of_the_actual_cost(
+            algorithm in prop::sample::select(Algorithm::ALL.to_vec()),
+            limit in 1u64..30, burst in 1u64..30, period_ms in 1u64..4_000,
+            shaping in any::<bool>(), ops in ops(),
+        ) {
+            let burst = algorithm.has_burst().then_some(burst);
+            let l = Limit::new(algorithm, limit, period_ms * MILLISECOND, burst).unwrap();
+            let max_wait = if shaping && algorithm == Algorithm::LeakyBucket { SECOND } else { 0 };
+            play(&l, max_wait, ops)?;
+        }
+
+        /// With reservations settled for less, a shaping leaky bucket still lets callers go
+        /// no faster than burst + rate × t: a reservation leaves when admitted (after its
+        /// wait) carrying its actual cost.
+        #[test]
+        fn shaped_departures_with_refunds_respect_the_leak_rate(
+            limit in 1u64..20, burst in 1u64..20, period_ms in 10u64..2_000, ops in ops(),
+        ) {
+            let l = Limit::new(Algorithm::LeakyBucket, limit, period_ms * MILLISECOND, Some(burst)).unwrap();
+            let max_wait = 2 * SECOND;
+            let mut state = l.fresh_state();
+            let mut open: Vec<(Receipt, u64, u64)> = Vec::new();
+            let mut departures = Vec::new();
+            let mut now = 1_700_000_000 * SECOND;
+            for op in ops {
+                match op {
+                    Op::Check { dt, cost } => {
+                        now += dt * MILLISECOND;
+                        if let Verdict::Admit { wait } = l.decide(&state, now, cost, max_wait).verdict {
+                            l.commit(&mut state, now, cost);
+                            departures.push((now + wait, cost));
+                        }
+                    }
+                    Op::Reserve { dt, cost, actual } => {
+                        now += dt * MILLISECOND;
+                        if let Verdict::Admit { wait } = l.decide(&state, now, cost, max_wait).verdict {
+                            l.commit(&mut state, now, cost);
+                            let receipt = l.receipt(&state, now);
+                            departures.push((now + wait, actual.min(cost)));
+                            open.push((receipt, cost, actual.min(cost)));
+                        }
+                    }
+                    Op::Settle { dt, pick } => {
+                        if open.is_empty() { continue; }
+                        now += dt * MILLISECOND;
+                        let (receipt, cost, actual) = open.swap_remove(pick % open.len());
+                        l.refund(&mut state, &receipt, cost - actual, now, true);
+                    }
+                }
+            }
+            departures.sort();
+            // As in leaky_bucket's own test: waits are rounded up to whole nanoseconds.
+            for i in 0..departures.len() {
+                let mut sum = 0u128;
+                for &(t, c) in &departures[i..] {
+                    sum += u128::from(c);
+                    let span = u128::from(t - departures[i].0) + 1;
+                    prop_assert!(
+                        sum * u128::from(l.period())
+                            <= u128::from(burst) * u128::from(l.period()) + span * u128::from(limit)
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn composite_refund_gives_back_to_each_limit_and_reports_the_least() {
+        // A bucket (10/s, burst 20) and a minute's window of 30.
+        let limits = [
+            tb(10, SECOND, 20),
+            Limit::new(Algorithm::FixedWindow, 30, 60 * SECOND, None).unwrap(),
+        ];
+        let mut key = KeyState::fresh(&limits);
+        let t0 = 1_699_999_980 * SECOND;
+        assert!(key.check(&limits, t0, 20, 0).1.allowed());
+        let receipts = key.receipts(&limits, t0);
+        // 1.5 s on, the bucket has refilled 15 of the 20: 5 can come back there, all 12 to
+        // the window.
+        let now = t0 + 1_500 * MILLISECOND;
+        assert_eq!(key.refund(&limits, &receipts, 12, now, false), 5);
+        assert_eq!(key.peek(&limits, now, 0, 0).1.remaining, 20);
+        let (_, window) = key.peek(&limits, now, 0, 0);
+        assert_eq!(window.limit, 10);
+        let KeyState::Many(states) = &key else {
+            panic!("two limits")
+        };
+        assert_eq!(limits[1].decide(&states[1], now, 0, 0).remaining, 22);
+        // A charge past both: owed in each.
+        key.charge(&limits, now, 40);
+        let (i, d) = key.peek(&limits, now, 1, 0);
+        assert_eq!((i, d.allowed(), d.remaining), (1, false, 0));
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! little more or less than an exact log when they were not. Compared with exact arithmetic
 //! (all multiplied by `period`), never with floating point. Pure: no I/O, no clock.
 
-use super::{Decision, Limit, Nanos, Verdict, div_u64};
+use super::{Decision, Limit, Nanos, Receipt, Verdict, div_u64};
 
 /// One key's two windows.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -88,7 +88,7 @@ fn retry_after(limit: &Limit, now: Nanos, start: Nanos, prev: u64, curr: u64, co
         (slack > 0).then(|| period.saturating_sub(u64::try_from(slack).unwrap_or(u64::MAX)))
     };
     // Later in this window, as the previous window's weight declines.
-    if curr + cost <= limit.limit() {
+    if curr.saturating_add(cost) <= limit.limit() {
         if let Some(e) = fits_at(prev, limit.limit() - curr - cost) {
             return start + e - now;
         }
@@ -101,7 +101,8 @@ fn retry_after(limit: &Limit, now: Nanos, start: Nanos, prev: u64, curr: u64, co
     start + 2 * period - now
 }
 
-/// Counts `cost` in the window holding `now`; `decide` must have admitted it.
+/// Counts `cost` in the window holding `now`. Past the limit if `decide` did not admit it: the
+/// estimate then denies until the count has weighed out.
 pub fn commit(state: &mut State, limit: &Limit, now: Nanos, cost: u64) {
     let w = now / limit.period();
     if w > state.window {
@@ -112,7 +113,36 @@ pub fn commit(state: &mut State, limit: &Limit, now: Nanos, cost: u64) {
             current,
         };
     }
-    state.current += cost;
+    state.current = state.current.saturating_add(cost);
+}
+
+/// The window the charge just committed was counted in (a later one than `now`'s if the
+/// clock stepped back).
+pub fn receipt(state: &State, limit: &Limit, _now: Nanos) -> Receipt {
+    Receipt {
+        at: state.window * limit.period(),
+        room: 0,
+    }
+}
+
+/// Takes up to `amount` units off the count of the window `receipt` names, while that window
+/// still weighs in the estimate at `now` (as the current window or the previous one); the
+/// counts are then what they would be had the charge been smaller.
+pub fn refund(state: &mut State, limit: &Limit, receipt: &Receipt, amount: u64, now: Nanos) -> u64 {
+    let window = receipt.at / limit.period();
+    if now / limit.period() > window + 1 {
+        return 0;
+    }
+    let count = if state.window == window {
+        &mut state.current
+    } else if state.window == window + 1 {
+        &mut state.previous
+    } else {
+        return 0;
+    };
+    let back = amount.min(*count);
+    *count -= back;
+    back
 }
 
 /// Fresh once both windows it can still see are empty.
@@ -189,6 +219,25 @@ mod tests {
     fn sliding_counter_cost_above_limit_is_never() {
         let l = counter(4, SECOND);
         assert_eq!(decide(&State::default(), &l, T0, 5).verdict, Verdict::Never);
+    }
+
+    #[test]
+    fn sliding_counter_refund_reaches_the_current_and_the_previous_window() {
+        let l = counter(10, SECOND);
+        let mut s = State::default();
+        assert!(check(&mut s, &l, T0 + 500 * MILLISECOND, 8).allowed());
+        let r = receipt(&s, &l, T0 + 500 * MILLISECOND);
+        assert_eq!(refund(&mut s, &l, &r, 2, T0 + 600 * MILLISECOND), 2);
+        assert_eq!(decide(&s, &l, T0 + 600 * MILLISECOND, 0).remaining, 4);
+        // In the next window it weighs as the previous one: 6 × 75% = 4.5 at 250 ms in.
+        let now = T0 + 1_250 * MILLISECOND;
+        assert!(check(&mut s, &l, now, 1).allowed());
+        assert_eq!(decide(&s, &l, now, 0).remaining, 4);
+        assert_eq!(refund(&mut s, &l, &r, 4, now), 4);
+        // 2 × 75% + 1.
+        assert_eq!(decide(&s, &l, now, 0).remaining, 7);
+        // Two windows on it weighs nothing: nothing to give back.
+        assert_eq!(refund(&mut s, &l, &r, 2, T0 + 2 * SECOND), 0);
     }
 
     proptest! {

@@ -8,7 +8,7 @@
 
 use std::collections::VecDeque;
 
-use super::{Decision, Limit, Nanos, Verdict};
+use super::{Decision, Limit, Nanos, Receipt, Verdict};
 
 /// One key's log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -47,11 +47,11 @@ pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
     };
     let verdict = if cost > limit.limit() {
         Verdict::Never
-    } else if in_window + cost <= limit.limit() {
+    } else if in_window.saturating_add(cost) <= limit.limit() {
         Verdict::Admit { wait: 0 }
     } else {
         // Wait until enough of the oldest admissions have left the window.
-        let mut to_free = in_window + cost - limit.limit();
+        let mut to_free = in_window.saturating_add(cost) - limit.limit();
         let mut retry_after = limit.period();
         for &(t, c) in state.entries.iter().skip(gone) {
             to_free = to_free.saturating_sub(c);
@@ -63,16 +63,18 @@ pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
         Verdict::Deny { retry_after }
     };
     let admitted = matches!(verdict, Verdict::Admit { .. }) && cost > 0;
-    let used = in_window + if admitted { cost } else { 0 };
+    let used = in_window.saturating_add(if admitted { cost } else { 0 });
     Decision {
         verdict,
         limit: limit.limit(),
-        remaining: limit.limit() - used,
+        // A settle may have logged past the limit (`commit` of a cost not admitted).
+        remaining: limit.limit().saturating_sub(used),
         reset_after: last_expiry(admitted),
     }
 }
 
-/// Logs `cost` at `now` and forgets what left the window; `decide` must have admitted it.
+/// Logs `cost` at `now` and forgets what left the window. Past the limit if `decide` did not
+/// admit it: the log then denies until enough has left the window.
 pub fn commit(state: &mut State, limit: &Limit, now: Nanos, cost: u64) {
     let (gone, gone_units) = expired(state, limit, now);
     state.entries.drain(..gone);
@@ -80,13 +82,42 @@ pub fn commit(state: &mut State, limit: &Limit, now: Nanos, cost: u64) {
     // Keep the log sorted even if the clock stepped back.
     let t = state.entries.back().map_or(now, |&(last, _)| last.max(now));
     match state.entries.back_mut() {
-        Some((last, c)) if *last == t => *c += cost,
+        Some((last, c)) if *last == t => *c = c.saturating_add(cost),
         _ => state.entries.push_back((t, cost)),
     }
-    state.total += cost;
+    state.total = state.total.saturating_add(cost);
     if state.entries.capacity() > 4 * state.entries.len().max(4) {
         state.entries.shrink_to(2 * state.entries.len());
     }
+}
+
+/// The entry the charge just committed was logged in (its time: `now`, or the newest entry's
+/// if the clock stepped back).
+pub fn receipt(state: &State, _limit: &Limit, now: Nanos) -> Receipt {
+    Receipt {
+        at: state.entries.back().map_or(now, |&(t, _)| t),
+        room: 0,
+    }
+}
+
+/// Takes up to `amount` units off the entry logged at `receipt.at`, if it is still in the
+/// window at `now` (an entry that left it no longer matters). The log is then what it would
+/// be had that charge been smaller.
+pub fn refund(state: &mut State, limit: &Limit, receipt: &Receipt, amount: u64, now: Nanos) -> u64 {
+    if receipt.at.saturating_add(limit.period()) <= now {
+        return 0;
+    }
+    let Ok(i) = state.entries.binary_search_by_key(&receipt.at, |&(t, _)| t) else {
+        return 0;
+    };
+    let units = &mut state.entries[i].1;
+    let back = amount.min(*units);
+    *units -= back;
+    state.total -= back;
+    if *units == 0 {
+        state.entries.remove(i);
+    }
+    back
 }
 
 /// A log with nothing in the window is fresh.
@@ -174,6 +205,58 @@ mod tests {
             assert!(s.entries.len() <= 100);
         }
         assert!(s.entries.capacity() <= 4 * 100);
+    }
+
+    #[test]
+    fn sliding_log_refund_reduces_the_reservations_entry() {
+        let l = log(10, SECOND);
+        let mut s = State::default();
+        assert!(check(&mut s, &l, T0, 2).allowed());
+        assert!(check(&mut s, &l, T0 + 100 * MILLISECOND, 6).allowed());
+        let r = receipt(&s, &l, T0 + 100 * MILLISECOND);
+        assert_eq!(r.at, T0 + 100 * MILLISECOND);
+        assert!(check(&mut s, &l, T0 + 200 * MILLISECOND, 1).allowed());
+        assert_eq!(refund(&mut s, &l, &r, 4, T0 + 300 * MILLISECOND), 4);
+        assert_eq!(
+            s.entries,
+            [
+                (T0, 2),
+                (T0 + 100 * MILLISECOND, 2),
+                (T0 + 200 * MILLISECOND, 1)
+            ]
+        );
+        assert_eq!(decide(&s, &l, T0 + 300 * MILLISECOND, 0).remaining, 5);
+        // All of it: the entry goes.
+        assert_eq!(refund(&mut s, &l, &r, 9, T0 + 300 * MILLISECOND), 2);
+        assert_eq!(s.entries, [(T0, 2), (T0 + 200 * MILLISECOND, 1)]);
+        assert_eq!(s.total, 3);
+    }
+
+    #[test]
+    fn sliding_log_refund_of_an_entry_that_left_the_window_gives_nothing() {
+        let l = log(10, SECOND);
+        let mut s = State::default();
+        assert!(check(&mut s, &l, T0, 5).allowed());
+        let r = receipt(&s, &l, T0);
+        assert_eq!(refund(&mut s, &l, &r, 5, T0 + SECOND), 0);
+        assert_eq!(refund(&mut s, &l, &r, 2, T0 + SECOND - 1), 2);
+    }
+
+    #[test]
+    fn sliding_log_charge_past_the_limit_denies_until_it_leaves() {
+        let l = log(10, SECOND);
+        let mut s = State::default();
+        assert!(check(&mut s, &l, T0, 8).allowed());
+        commit(&mut s, &l, T0 + 100 * MILLISECOND, 6);
+        let d = decide(&s, &l, T0 + 200 * MILLISECOND, 1);
+        assert_eq!(d.remaining, 0);
+        // 14 logged: 5 must leave for 1 to fit, and the first entry (8) does at T0 + 1 s.
+        assert_eq!(
+            d.verdict,
+            Verdict::Deny {
+                retry_after: 800 * MILLISECOND
+            }
+        );
     }
 
     proptest! {

@@ -6,8 +6,12 @@
 //!
 //! Admissions over any interval of length `t` never exceed `burst + limit × t / period`
 //! (property-tested below).
+//!
+//! Debt: a cost charged beyond the tokens held (a settle's actual cost above its
+//! reservation) empties the bucket and moves `last` past `now` by the time the refill needs
+//! to make up the shortfall; nothing refills before `last`, so the key is denied until then.
 
-use super::{Decision, Limit, Nanos, Verdict, div_ceil_nanos, div_u64};
+use super::{Decision, Limit, Nanos, Receipt, Verdict, div_ceil_nanos, div_u64};
 
 /// One key's bucket. The default (empty, last refilled at the epoch) behaves as a full bucket
 /// at any real time, because the refill since 1970 fills it.
@@ -15,7 +19,8 @@ use super::{Decision, Limit, Nanos, Verdict, div_ceil_nanos, div_u64};
 pub struct State {
     /// Tokens in scaled units, as of `last`.
     tokens: u128,
-    /// When `tokens` was last brought up to date.
+    /// When `tokens` was last brought up to date; refilling resumes from here. Later than
+    /// `now` when the key owes tokens (or the clock stepped back): nothing refills until then.
     last: Nanos,
 }
 
@@ -23,7 +28,8 @@ fn capacity(limit: &Limit) -> u128 {
     u128::from(limit.burst()) * u128::from(limit.period())
 }
 
-/// Tokens (scaled) the bucket holds at `now`. A clock that stepped back refills nothing.
+/// Tokens (scaled) the bucket holds at `now`. A clock that stepped back (or a debt) refills
+/// nothing before `last`.
 fn level(state: &State, limit: &Limit, now: Nanos) -> u128 {
     let elapsed = u128::from(now.saturating_sub(state.last));
     state
@@ -38,7 +44,9 @@ pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
     let rate = u128::from(limit.limit());
     let cap = capacity(limit);
     let tokens = level(state, limit, now);
-    let refill_time = |tokens: u128| div_ceil_nanos(cap - tokens, rate);
+    // Nothing refills before `last` (a debt, or a clock that stepped back).
+    let ahead = state.last.saturating_sub(now);
+    let refill_time = |tokens: u128| ahead.saturating_add(div_ceil_nanos(cap - tokens, rate));
     if cost > limit.burst() {
         return Decision {
             verdict: Verdict::Never,
@@ -59,7 +67,7 @@ pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
     } else {
         Decision {
             verdict: Verdict::Deny {
-                retry_after: div_ceil_nanos(need - tokens, rate),
+                retry_after: ahead.saturating_add(div_ceil_nanos(need - tokens, rate)),
             },
             limit: limit.limit(),
             remaining: div_u64(tokens, period),
@@ -68,16 +76,67 @@ pub fn decide(state: &State, limit: &Limit, now: Nanos, cost: u64) -> Decision {
     }
 }
 
-/// Spends `cost` tokens at `now`; `decide` must have admitted it.
+/// Spends `cost` tokens at `now`. If the bucket holds fewer (`decide` did not admit it), it
+/// is emptied and owes the rest: nothing refills until the shortfall would have.
 pub fn commit(state: &mut State, limit: &Limit, now: Nanos, cost: u64) {
     let tokens = level(state, limit, now);
-    state.tokens = tokens.saturating_sub(u128::from(cost) * u128::from(limit.period()));
+    let need = u128::from(cost) * u128::from(limit.period());
     state.last = state.last.max(now);
+    if tokens >= need {
+        state.tokens = tokens - need;
+    } else {
+        let short = div_ceil_nanos(need - tokens, u128::from(limit.limit()));
+        state.tokens = 0;
+        state.last = state.last.saturating_add(short);
+    }
 }
 
-/// A full bucket is a fresh one.
+/// How far below full the bucket stood right after the charge just committed at `now`.
+pub fn receipt(state: &State, limit: &Limit, now: Nanos) -> Receipt {
+    Receipt {
+        at: now,
+        room: capacity(limit) - level(state, limit, now),
+    }
+}
+
+/// Puts back up to `amount` tokens of the charge `receipt` describes, at `now`.
+///
+/// Why not all of them: the refill since the charge may have reached the cap, where a bucket
+/// charged less would have lost the excess; tokens put back now would then let it admit more
+/// than that bucket. The charge left the bucket `receipt.room` below full, and the refill
+/// since (`limit × elapsed`) can have closed at most that gap, so what is left of it,
+/// `room − limit × (now − at)`, could not have been lost to the cap by a bucket charged less,
+/// whatever was admitted in between: up to that much is put back. Settled at once, all of
+/// it; once the bucket would have been full anyway, nothing (and nothing is lost: a bucket
+/// that refilled to full holds what the smaller charge would have left it).
+pub fn refund(state: &mut State, limit: &Limit, receipt: &Receipt, amount: u64, now: Nanos) -> u64 {
+    let period = u128::from(limit.period());
+    let rate = u128::from(limit.limit());
+    let refilled = u128::from(now.saturating_sub(receipt.at)) * rate;
+    let back = amount.min(div_u64(receipt.room.saturating_sub(refilled), period));
+    if back == 0 {
+        return 0;
+    }
+    let mut give = u128::from(back) * period;
+    if state.last > now {
+        // First pay off what the bucket owes (the time before it refills again).
+        let owed = u128::from(state.last - now) * rate;
+        if give < owed {
+            // Rounded down: the debt shrinks by no more than was given.
+            state.last -= u64::try_from(give / rate).unwrap_or(u64::MAX);
+            return back;
+        }
+        give -= owed;
+        state.last = now;
+    }
+    state.tokens = (level(state, limit, now) + give).min(capacity(limit));
+    state.last = state.last.max(now);
+    back
+}
+
+/// A full bucket, refilling from now on, is a fresh one.
 pub fn is_fresh(state: &State, limit: &Limit, now: Nanos) -> bool {
-    level(state, limit, now) == capacity(limit)
+    state.last <= now && level(state, limit, now) == capacity(limit)
 }
 
 #[cfg(test)]
@@ -170,6 +229,90 @@ mod tests {
         check(&mut s, &l, T0, 5);
         assert!(!is_fresh(&s, &l, T0 + 499 * MILLISECOND));
         assert!(is_fresh(&s, &l, T0 + 500 * MILLISECOND));
+    }
+
+    fn reserve(s: &mut State, l: &Limit, now: Nanos, cost: u64) -> Receipt {
+        assert!(check(s, l, now, cost).allowed());
+        receipt(s, l, now)
+    }
+
+    #[test]
+    fn token_bucket_refund_at_once_puts_back_all_of_it() {
+        let l = bucket(10, SECOND, 20);
+        let mut s = State::default();
+        let r = reserve(&mut s, &l, T0, 15);
+        assert_eq!(refund(&mut s, &l, &r, 12, T0), 12);
+        assert_eq!(decide(&s, &l, T0, 0).remaining, 17);
+        // Capped at what the charge left below full.
+        let mut t = State::default();
+        let r = reserve(&mut t, &l, T0, 3);
+        assert_eq!(refund(&mut t, &l, &r, 100, T0), 3);
+        assert!(is_fresh(&t, &l, T0));
+    }
+
+    #[test]
+    fn token_bucket_refund_shrinks_by_what_refilled_since() {
+        // 10/s, burst 20: a full bucket reserves 20. A second later 10 have refilled. Had the
+        // reservation been 5, the bucket would be full (15 + 10, capped at 20): 10 back, not 15.
+        let l = bucket(10, SECOND, 20);
+        let mut s = State::default();
+        let r = reserve(&mut s, &l, T0, 20);
+        assert_eq!(refund(&mut s, &l, &r, 15, T0 + SECOND), 10);
+        assert_eq!(decide(&s, &l, T0 + SECOND, 0).remaining, 20);
+    }
+
+    #[test]
+    fn token_bucket_refund_after_the_bucket_refilled_and_was_spent_gives_nothing() {
+        // The refill reached the cap before the settle and was spent: a bucket charged
+        // nothing would have lost the same tokens to the cap, so none may come back.
+        let l = bucket(1, SECOND, 10);
+        let mut s = State::default();
+        let r = reserve(&mut s, &l, T0, 10);
+        assert!(check(&mut s, &l, T0 + 10 * SECOND, 10).allowed());
+        assert_eq!(refund(&mut s, &l, &r, 10, T0 + 10 * SECOND), 0);
+        assert!(!check(&mut s, &l, T0 + 10 * SECOND, 1).allowed());
+    }
+
+    #[test]
+    fn token_bucket_charge_beyond_its_tokens_is_owed() {
+        let l = bucket(10, SECOND, 20);
+        let mut s = State::default();
+        assert!(check(&mut s, &l, T0, 15).allowed());
+        commit(&mut s, &l, T0, 15); // a settle's extra: 10 more than the bucket held
+        let d = decide(&s, &l, T0, 1);
+        assert_eq!(d.remaining, 0);
+        // 10 owed (1 s), then 1 token (100 ms).
+        assert_eq!(
+            d.verdict,
+            Verdict::Deny {
+                retry_after: 1_100 * MILLISECOND
+            }
+        );
+        assert_eq!(d.reset_after, 3 * SECOND);
+        assert!(!is_fresh(&s, &l, T0 + 2 * SECOND));
+        assert!(!check(&mut s, &l, T0 + 1_099 * MILLISECOND, 1).allowed());
+        assert!(check(&mut s, &l, T0 + 1_100 * MILLISECOND, 1).allowed());
+        assert!(is_fresh(&s, &l, T0 + 3_100 * MILLISECOND));
+    }
+
+    #[test]
+    fn token_bucket_refund_pays_off_a_debt_first() {
+        let l = bucket(10, SECOND, 20);
+        let mut s = State::default();
+        let r = reserve(&mut s, &l, T0, 10);
+        commit(&mut s, &l, T0, 20); // owes 10: refills from T0 + 1 s
+        assert_eq!(refund(&mut s, &l, &r, 5, T0), 5);
+        // Owes 5: 500 ms, then a token in 100 ms.
+        assert_eq!(
+            decide(&s, &l, T0, 1).verdict,
+            Verdict::Deny {
+                retry_after: 600 * MILLISECOND
+            }
+        );
+        let r = reserve(&mut s, &l, T0 + 3 * SECOND, 20);
+        commit(&mut s, &l, T0 + 3 * SECOND, 2);
+        assert_eq!(refund(&mut s, &l, &r, 20, T0 + 3 * SECOND), 20);
+        assert_eq!(decide(&s, &l, T0 + 3 * SECOND, 0).remaining, 18);
     }
 
     proptest! {

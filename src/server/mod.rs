@@ -103,6 +103,11 @@ impl Node {
                 None,
             )
         };
+        let engine = engine.with_reservations(crate::reserve::ReservationParams {
+            timeout: u64::try_from(config.server.reservation_timeout.as_nanos())
+                .unwrap_or(u64::MAX),
+            max_open: config.server.max_reservations,
+        });
         let app = App::new(
             engine,
             config.server.node_id.clone(),

@@ -7,13 +7,16 @@ whether a key may spend a cost under a rule.
     decision = client.check("api", "user-42")          # a Decision, admitted or not
     client.acquire("api", "user-42", timeout=2.0)       # waits, or raises RateLimited
 
+    with client.reserve("llm", "user-42", 2000) as r:   # charge an estimate now...
+        r.settle(actual_tokens)                         # ...settle the actual cost after
+
     @client.rate_limited("api", key=lambda user: user)
     def handle(user): ...
 
 :class:`AsyncClient` has the same calls as coroutines. Standard library only.
 """
 
-from ._async import AsyncClient
+from ._async import AsyncClient, AsyncReservation
 from ._common import (
     FAIL_OPEN,
     BadRequest,
@@ -21,14 +24,16 @@ from ._common import (
     GossamerError,
     NeverAdmitted,
     RateLimited,
+    Settlement,
     Unavailable,
 )
-from ._sync import Client
+from ._sync import Client, Reservation
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AsyncClient",
+    "AsyncReservation",
     "BadRequest",
     "Client",
     "Decision",
@@ -36,6 +41,8 @@ __all__ = [
     "GossamerError",
     "NeverAdmitted",
     "RateLimited",
+    "Reservation",
+    "Settlement",
     "Unavailable",
     "__version__",
 ]

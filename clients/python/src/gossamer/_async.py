@@ -16,7 +16,8 @@ import inspect
 import logging
 import random
 import socket
-from typing import Any, Awaitable, Callable, Optional, Tuple, TypeVar
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Generator, Optional, Tuple, TypeVar, Union
 
 from ._common import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -26,16 +27,23 @@ from ._common import (
     Costish,
     Decision,
     Endpoint,
+    GossamerError,
     Keyish,
     NeverAdmitted,
     RateLimited,
+    Settlement,
     Unavailable,
+    _Reserved,
     check_arguments,
     check_body,
     fail_open_decision,
     next_wait,
     read_answer,
+    read_settlement,
+    reserved_from,
     resolve,
+    settle_body,
+    settle_target,
     status_path,
 )
 from ._sync import USER_AGENT
@@ -48,6 +56,53 @@ F = TypeVar("F", bound=Callable[..., Awaitable[Any]])
 #: a few hundred bytes).
 _MAX_LINE = 8 * 1024
 _MAX_BODY = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class AsyncReservation(_Reserved):
+    """What ``await AsyncClient.reserve(...)`` gives: the same as
+    :class:`gossamer.Reservation`, with ``settle`` a coroutine and ``async with`` to settle on
+    exit (at the reserved cost unless settled in the block)."""
+
+    async def settle(self, cost: int) -> Optional[Settlement]:
+        """Settles with the actual `cost` (see :meth:`gossamer.Client.settle`)."""
+        return await self._client.settle(self, cost)
+
+    async def __aenter__(self) -> "AsyncReservation":
+        self._enter()
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.settled:
+            return
+        if exc_type is None:
+            await self._client.settle(self, self.cost)
+            return
+        try:
+            await self._client.settle(self, self.cost)
+        except GossamerError as e:
+            log.warning("gossamer: settling reservation %s at its estimate failed: %s", self.reservation, e)
+
+
+class _Reserving:
+    """What :meth:`AsyncClient.reserve` returns: ``await`` it for the
+    :class:`AsyncReservation`, or ``async with`` it to enter only when admitted and settle on
+    exit. Each await (or ``async with``) reserves once."""
+
+    def __init__(self, make: Callable[[], Awaitable[AsyncReservation]]):
+        self._make = make
+        self._reservation: Optional[AsyncReservation] = None
+
+    def __await__(self) -> Generator[Any, None, AsyncReservation]:
+        return self._make().__await__()
+
+    async def __aenter__(self) -> AsyncReservation:
+        self._reservation = await self._make()
+        return await self._reservation.__aenter__()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._reservation is not None
+        await self._reservation.__aexit__(*exc)
 
 
 class _Stale(Exception):
@@ -164,8 +219,48 @@ class AsyncClient:
         )
         return read_answer(status, answer)
 
-    # reserve(rule, key, cost) and settle(reservation, cost) belong here once the node has
-    # POST /v1/reserve and POST /v1/settle (issue 22, item 1).
+    def reserve(self, rule: str, key: str, cost: int, *, wait_ms: int = 0) -> _Reserving:
+        """See :meth:`gossamer.Client.reserve`: ``r = await client.reserve(...)``, or
+        ``async with client.reserve(...) as r:`` to settle on exit."""
+        check_arguments(rule, key, cost)
+        return _Reserving(lambda: self._reserve(rule, key, cost, wait_ms))
+
+    async def _reserve(self, rule: str, key: str, cost: int, wait_ms: int) -> AsyncReservation:
+        body = check_body(rule, key, cost, wait_ms)
+        path = f"{self._endpoint.prefix}/v1/reserve"
+        try:
+            status, answer = await self._request(
+                "POST", path, body, self._timeout + wait_ms / 1000
+            )
+            decision = read_answer(status, answer)
+        except Unavailable as e:
+            if not self.fail_open:
+                raise
+            log.warning("gossamer unavailable, failing open: rule=%s key=%s: %s", rule, key, e)
+            decision = fail_open_decision(rule, key)
+        return reserved_from(decision, cost, self, AsyncReservation)
+
+    async def settle(self, reservation: Union[Decision, str], cost: int) -> Optional[Settlement]:
+        """See :meth:`gossamer.Client.settle`."""
+        target = settle_target(reservation)
+        state = reservation._state if isinstance(reservation, _Reserved) else {}
+        if target is None:
+            state["settled"] = True
+            return None
+        body = settle_body(target, cost)
+        path = f"{self._endpoint.prefix}/v1/settle"
+        try:
+            status, answer = await self._request("POST", path, body, self._timeout)
+        except Unavailable as e:
+            if not self.fail_open:
+                raise
+            log.warning("gossamer unavailable, reservation %s keeps its estimate: %s", target, e)
+            state["settled"] = True
+            return None
+        state["settled"] = True
+        settlement = read_settlement(status, answer)
+        state["settlement"] = settlement
+        return settlement
 
     def rate_limited(
         self, rule: str, *, key: Keyish, cost: Costish = 1, timeout: float = 0.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 from urllib.parse import quote, urlsplit
 
 #: How long to wait for a TCP connection to the node. Short: the node is on this machine (or
@@ -39,6 +39,7 @@ class Decision:
     ``"store_full"``, or :data:`FAIL_OPEN` when the node could not be reached and the client
     fails open (then the figures are ``None``). ``waited_ms``: how long a shaping rule held
     the call. ``status``: the HTTP status (200 or 429; 0 for a fail-open decision).
+    ``reservation``: an admitted reservation's id (``reserve``; ``None`` otherwise).
     """
 
     allowed: bool
@@ -51,6 +52,7 @@ class Decision:
     outcome: str
     waited_ms: Optional[int] = None
     status: int = 0
+    reservation: Optional[str] = None
 
     @property
     def failed_open(self) -> bool:
@@ -114,6 +116,120 @@ class BadRequest(GossamerError):
 
 
 @dataclass(frozen=True)
+class Settlement:
+    """What the node did when a reservation was settled (``POST /v1/settle``).
+
+    ``reserved``: the reserved cost; ``cost``: the actual cost settled. ``refunded``: units
+    given back (less than ``reserved - cost`` when the window closed or the bucket refilled
+    meanwhile: the node gives back only what a check of the actual cost would have left).
+    ``charged``: units charged beyond the reservation (the key may go past its limit).
+    ``unpaid``: units beyond it the node could not charge (a clustered key whose node held no
+    room). ``limit``, ``remaining``, ``reset_after_ms``: where the key stands now.
+    """
+
+    reservation: str
+    rule: str
+    key: str
+    reserved: int
+    cost: int
+    refunded: int
+    charged: int
+    unpaid: int
+    limit: Optional[int] = None
+    remaining: Optional[int] = None
+    reset_after_ms: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class _Reserved(Decision):
+    """What the sync and asyncio reservations share: a :class:`Decision` of a reserve, the
+    reserved ``cost``, and the settlement once made."""
+
+    cost: int = 0
+    _client: Any = field(default=None, repr=False, compare=False)
+    _state: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def settlement(self) -> Optional[Settlement]:
+        """The node's answer to this reservation's settle, once settled through it."""
+        return self._state.get("settlement")
+
+    @property
+    def settled(self) -> bool:
+        """Whether this reservation was settled through it (or needs none: fail-open)."""
+        return "settled" in self._state or self.reservation is None
+
+    def _enter(self) -> None:
+        if self.allowed:
+            return
+        if self.never:
+            raise NeverAdmitted(self)
+        raise RateLimited(self)
+
+
+def reserved_from(decision: Decision, cost: int, client: Any, cls: type) -> Any:
+    """`decision` (of a reserve of `cost`) as a reservation of type `cls` bound to `client`."""
+    values = {f.name: getattr(decision, f.name) for f in fields(Decision)}
+    return cls(**values, cost=cost, _client=client)
+
+
+def settle_target(reservation: Union[Decision, str]) -> Optional[str]:
+    """The id to settle: a reservation id, or a reserve's decision (``None``: a fail-open
+    decision, nothing to settle)."""
+    if isinstance(reservation, str):
+        if not reservation:
+            raise ValueError("an empty reservation id")
+        return reservation
+    if isinstance(reservation, Decision):
+        if reservation.reservation is not None:
+            return reservation.reservation
+        if reservation.failed_open:
+            return None
+        raise ValueError(
+            f"nothing to settle: the reserve was not admitted ({reservation.outcome})"
+        )
+    raise TypeError(
+        f"settle takes a reserve's Decision or its reservation id, got {type(reservation).__name__}"
+    )
+
+
+def settle_body(reservation: str, cost: int) -> bytes:
+    if isinstance(cost, bool) or not isinstance(cost, int):
+        raise TypeError(f"cost must be an int, got {type(cost).__name__}")
+    return json.dumps({"reservation": reservation, "cost": cost}, separators=(",", ":")).encode()
+
+
+def read_settlement(status: int, body: bytes) -> Settlement:
+    """The settlement in an answer: 200 carries one; a 4xx raises :class:`BadRequest`
+    (``unknown_reservation`` 404, ``already_settled`` 409, ``reservation_expired`` 410,
+    ``invalid_cost`` 400); anything else :class:`Unavailable`."""
+    try:
+        parsed = json.loads(body) if body else None
+    except ValueError:
+        parsed = None
+    if status == 200:
+        if not isinstance(parsed, dict):
+            raise Unavailable(f"HTTP 200 without a settlement body: {body[:200]!r}")
+        try:
+            return Settlement(
+                reservation=str(parsed["reservation"]),
+                rule=str(parsed["rule"]),
+                key=str(parsed["key"]),
+                reserved=int(parsed["reserved"]),
+                cost=int(parsed["cost"]),
+                refunded=int(parsed["refunded"]),
+                charged=int(parsed["charged"]),
+                unpaid=int(parsed["unpaid"]),
+                limit=_int_or_none(parsed.get("limit")),
+                remaining=_int_or_none(parsed.get("remaining")),
+                reset_after_ms=_int_or_none(parsed.get("reset_after_ms")),
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise Unavailable(f"HTTP 200 with a malformed settlement: {e!r}") from None
+    return _refused(status, parsed, body)
+
+
+@dataclass(frozen=True)
 class Endpoint:
     """Where the node is: host, port and a path prefix (empty, or e.g. ``/gossamer``)."""
 
@@ -172,9 +288,15 @@ def read_answer(status: int, body: bytes) -> Decision:
                 outcome=str(parsed["outcome"]),
                 waited_ms=_int_or_none(parsed.get("waited_ms")),
                 status=status,
+                reservation=_str_or_none(parsed.get("reservation")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise Unavailable(f"HTTP {status} with a malformed decision: {e!r}") from None
+    return _refused(status, parsed, body)
+
+
+def _refused(status: int, parsed: Any, body: bytes) -> Any:
+    """Raises what an answer that is not the expected one means."""
     # 408 means the node did not receive the request in time: the network, not the caller.
     if 400 <= status < 500 and status != 408:
         if isinstance(parsed, dict) and "error" in parsed:
@@ -185,6 +307,10 @@ def read_answer(status: int, body: bytes) -> Decision:
 
 def _int_or_none(value: Any) -> Optional[int]:
     return None if value is None else int(value)
+
+
+def _str_or_none(value: Any) -> Optional[str]:
+    return None if value is None else str(value)
 
 
 def fail_open_decision(rule: str, key: str) -> Decision:

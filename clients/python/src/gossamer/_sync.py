@@ -11,7 +11,8 @@ import random
 import socket
 import threading
 import time
-from typing import Any, Callable, Optional, Tuple, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union
 
 from ._common import (
     DEFAULT_CONNECT_TIMEOUT,
@@ -21,16 +22,23 @@ from ._common import (
     Costish,
     Decision,
     Endpoint,
+    GossamerError,
     Keyish,
     NeverAdmitted,
     RateLimited,
+    Settlement,
     Unavailable,
+    _Reserved,
     check_arguments,
     check_body,
     fail_open_decision,
     next_wait,
     read_answer,
+    read_settlement,
+    reserved_from,
     resolve,
+    settle_body,
+    settle_target,
     status_path,
 )
 
@@ -44,6 +52,45 @@ USER_AGENT = "gossamer-python/0.1.0"
 # then fails before any answer arrives. Only these errors, and only on a reused connection,
 # are retried (once, on a new connection).
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+
+
+@dataclass(frozen=True)
+class Reservation(_Reserved):
+    """What :meth:`Client.reserve` returns: the node's :class:`Decision` (``allowed``,
+    ``remaining``, ... and ``reservation``, the id when admitted), the reserved ``cost``, and
+    a way to settle it.
+
+    As a context manager it enters only when admitted (else raises :class:`RateLimited`, or
+    :class:`NeverAdmitted`) and makes sure the reservation is settled when the block ends::
+
+        with client.reserve("llm", user, 2000) as r:
+            reply = model.complete(prompt)
+            r.settle(reply.usage.total_tokens)
+
+    A block left without a settle (an exception, or none was made) settles at the reserved
+    cost: the estimate stands, and the node forgets the reservation at once instead of at
+    its ``reservation_timeout``.
+    """
+
+    def settle(self, cost: int) -> Optional[Settlement]:
+        """Settles with the actual `cost` (see :meth:`Client.settle`)."""
+        return self._client.settle(self, cost)
+
+    def __enter__(self) -> "Reservation":
+        self._enter()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if self.settled:
+            return
+        if exc_type is None:
+            self._client.settle(self, self.cost)
+            return
+        # Already failing: do not hide that error behind one of the settle's.
+        try:
+            self._client.settle(self, self.cost)
+        except GossamerError as e:
+            log.warning("gossamer: settling reservation %s at its estimate failed: %s", self.reservation, e)
 
 
 class _Connection(http.client.HTTPConnection):
@@ -176,9 +223,61 @@ class Client:
         )
         return read_answer(status, answer)
 
-    # reserve(rule, key, cost) and settle(reservation, cost) belong here once the node has
-    # POST /v1/reserve and POST /v1/settle (issue 22, item 1); until then an app that learns
-    # its cost only afterwards (the tokens of a completion) checks an estimate.
+    def reserve(self, rule: str, key: str, cost: int, *, wait_ms: int = 0) -> Reservation:
+        """Checks `cost` as :meth:`check` does (the node charges it at once) and, admitted,
+        holds it as a reservation to settle with the actual cost once known (the tokens of
+        a completion): a :class:`Reservation`, whose ``reservation`` is the node's id (``None``
+        when denied, or when failing open). Also a context manager that settles on exit.
+
+        A reservation not settled within the node's ``reservation_timeout`` (10 minutes by
+        default) expires, and its estimate stands.
+        """
+        check_arguments(rule, key, cost)
+        body = check_body(rule, key, cost, wait_ms)
+        path = f"{self._endpoint.prefix}/v1/reserve"
+        try:
+            status, answer = self._request("POST", path, body, self._timeout + wait_ms / 1000)
+            decision = read_answer(status, answer)
+        except Unavailable as e:
+            if not self.fail_open:
+                raise
+            log.warning("gossamer unavailable, failing open: rule=%s key=%s: %s", rule, key, e)
+            decision = fail_open_decision(rule, key)
+        return reserved_from(decision, cost, self, Reservation)
+
+    def settle(self, reservation: Union[Decision, str], cost: int) -> Optional[Settlement]:
+        """Settles a reservation (a :meth:`reserve` decision, or its ``reservation`` id) with
+        the `cost` the work actually had: the node gives back the difference below the
+        reservation (as far as its window is still open or its bucket has not refilled), or
+        charges the excess above it. Returns the node's :class:`Settlement`.
+
+        Raises :class:`BadRequest` when the node refuses: ``unknown_reservation`` (404),
+        ``already_settled`` (409), ``reservation_expired`` (410: the estimate stood),
+        ``invalid_cost`` (400). When the node cannot be reached, raises
+        :class:`Unavailable`, or with ``fail_open=True`` logs a warning and returns ``None``
+        (the reservation keeps its estimate). A fail-open reservation has nothing to settle:
+        ``None``. A denied one raises ``ValueError``.
+        """
+        target = settle_target(reservation)
+        state = reservation._state if isinstance(reservation, _Reserved) else {}
+        if target is None:
+            state["settled"] = True
+            return None
+        body = settle_body(target, cost)
+        path = f"{self._endpoint.prefix}/v1/settle"
+        try:
+            status, answer = self._request("POST", path, body, self._timeout)
+        except Unavailable as e:
+            if not self.fail_open:
+                raise
+            log.warning("gossamer unavailable, reservation %s keeps its estimate: %s", target, e)
+            state["settled"] = True
+            return None
+        # The node answered: settled, or refused for good (settling again cannot help).
+        state["settled"] = True
+        settlement = read_settlement(status, answer)
+        state["settlement"] = settlement
+        return settlement
 
     def rate_limited(
         self, rule: str, *, key: Keyish, cost: Costish = 1, timeout: float = 0.0
