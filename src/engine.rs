@@ -41,14 +41,15 @@ use crate::store::{Full, Store};
 /// Holds a check [`Engine::lease_pause`] paused until the cluster's next instant has run
 /// (`instants` no longer reads `seen`), and at most a few milliseconds past `pause`, as
 /// [`Engine::lease_comes_early`] says: from the start, looking every millisecond, or after
-/// sleeping `pause`.
+/// sleeping `pause`. Returns how long it held the check.
 pub async fn hold_for_lease(
     clock: &dyn Clock,
     instants: impl Fn() -> u64,
     seen: u64,
     pause: Nanos,
     early: bool,
-) {
+) -> Nanos {
+    let started = clock.now();
     // The round task may run the instant a little late: a few milliseconds more.
     let mut limit = 10 * crate::limiter::MILLISECOND;
     if early {
@@ -61,6 +62,7 @@ pub async fn hold_for_lease(
         clock.sleep(crate::limiter::MILLISECOND).await;
         waited += crate::limiter::MILLISECOND;
     }
+    clock.now().saturating_sub(started)
 }
 
 /// What a key at the store's bound is told: try again after this long (fresh keys are swept
@@ -1027,6 +1029,50 @@ mod tests {
             limits: vec![Limit::new(algorithm, limit, SECOND, burst).unwrap()],
             scope: Scope::Local,
             max_wait: 0,
+        }
+    }
+
+    /// A held check is let go at the instant after the one it saw, or at its bound, and says
+    /// how long it was held (the lease-wait metric counts it).
+    #[tokio::test(start_paused = true)]
+    async fn hold_for_lease_lets_go_at_the_next_instant_or_its_bound() {
+        use std::sync::atomic::AtomicU64;
+        for (early, instant_at, held) in [
+            // Polled from the start: let go at the instant, 3 ms in.
+            (true, 3, 3),
+            // Asleep for the 5 ms pause first, then polled: the instant came at 3 ms.
+            (false, 3, 5),
+            // Asleep for the pause, the instant at 7 ms.
+            (false, 7, 7),
+            // No instant: the pause plus 10 ms.
+            (false, u64::MAX, 15),
+        ] {
+            let clock = Arc::new(ManualClock::new(T0));
+            let instants = Arc::new(AtomicU64::new(4));
+            let hold = {
+                let (clock, instants) = (clock.clone(), instants.clone());
+                tokio::spawn(async move {
+                    let read = || instants.load(Ordering::SeqCst);
+                    hold_for_lease(&*clock, read, 4, 5 * MILLISECOND, early).await
+                })
+            };
+            let mut ms = 0;
+            while !hold.is_finished() {
+                assert!(ms < 100, "still held after {ms} ms");
+                tokio::task::yield_now().await;
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                ms += 1;
+                if ms == instant_at {
+                    instants.store(5, Ordering::SeqCst);
+                }
+                clock.advance(MILLISECOND);
+            }
+            let waited = hold.await.expect("hold");
+            assert_eq!(
+                waited,
+                held * MILLISECOND,
+                "early {early}, instant at {instant_at} ms"
+            );
         }
     }
 

@@ -124,6 +124,18 @@ pub struct HttpMetrics {
     pub check_latency: Histogram,
     /// Error responses by code, indexed as `crate::api::ErrorCode::ALL`.
     pub errors: Striped<{ crate::api::ErrorCode::ALL.len() }>,
+    /// Checks held for a lease ([`crate::engine::hold_for_lease`]).
+    pub lease_waits: AtomicU64,
+    /// How long those checks were held, in all (ns).
+    pub lease_wait_nanos: AtomicU64,
+}
+
+impl HttpMetrics {
+    /// Counts a check held `waited` nanoseconds for its lease.
+    pub fn lease_waited(&self, waited: crate::limiter::Nanos) {
+        self.lease_waits.fetch_add(1, Ordering::Relaxed);
+        self.lease_wait_nanos.fetch_add(waited, Ordering::Relaxed);
+    }
 }
 
 /// Config reloads (SIGHUP or a changed file), by result.
@@ -219,6 +231,20 @@ pub fn render(engine: &Engine, http: &HttpMetrics, reloads: &ReloadMetrics) -> S
     out.push_str("# TYPE gossamer_check_duration_seconds histogram\n");
     http.check_latency
         .render(&mut out, "gossamer_check_duration_seconds");
+    out.push_str("# HELP gossamer_check_lease_waits_total Clustered checks (HTTP, batch or RLS) held for their lease: a key new at this node in a round's gap, held until the round's instant rather than refused (design.md §3.3.1). Their time is in gossamer_check_duration_seconds.\n");
+    out.push_str("# TYPE gossamer_check_lease_waits_total counter\n");
+    let _ = writeln!(
+        out,
+        "gossamer_check_lease_waits_total {}",
+        http.lease_waits.load(Ordering::Relaxed)
+    );
+    out.push_str("# HELP gossamer_check_lease_wait_seconds_total Time checks were held for their lease, in all.\n");
+    out.push_str("# TYPE gossamer_check_lease_wait_seconds_total counter\n");
+    let _ = writeln!(
+        out,
+        "gossamer_check_lease_wait_seconds_total {}",
+        http.lease_wait_nanos.load(Ordering::Relaxed) as f64 / 1e9
+    );
     out.push_str("# HELP gossamer_http_errors_total Requests refused, by error code.\n");
     out.push_str("# TYPE gossamer_http_errors_total counter\n");
     for (i, code) in crate::api::ErrorCode::ALL.iter().enumerate() {

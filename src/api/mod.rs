@@ -595,7 +595,9 @@ where
         Err((pause, seen)) => {
             let early = app.served().engine.lease_comes_early();
             let instants = || app.served().engine.instants();
-            crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
+            let held =
+                crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
+            app.metrics.lease_waited(held);
             match decide(false)? {
                 Ok(response) => response,
                 Err(_) => unreachable!("decide pauses only when asked to"),
@@ -721,7 +723,9 @@ async fn check(
         Step::Pause(pause, seen) => {
             let early = app.served().engine.lease_comes_early();
             let instants = || app.served().engine.instants();
-            crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
+            let held =
+                crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
+            app.metrics.lease_waited(held);
             match decide(&app.served(), &request, false, mode)? {
                 Step::Answer(response, wait) => (response, wait),
                 Step::Pause(..) => unreachable!("decide pauses only when asked to"),

@@ -105,7 +105,9 @@ impl RlsService {
                 let seen = self.app.served().engine.instants();
                 let early = self.app.served().engine.lease_comes_early();
                 let instants = || self.app.served().engine.instants();
-                crate::engine::hold_for_lease(&*clock, instants, seen, pause, early).await;
+                let held =
+                    crate::engine::hold_for_lease(&*clock, instants, seen, pause, early).await;
+                self.app.metrics.lease_waited(held);
                 let served = self.app.served();
                 match self
                     .rls
