@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use gossamer::client::Client;
 use gossamer::clock::SystemClock;
 use gossamer::config::{Config, Overrides};
 use gossamer::server::{ConfigSource, Node};
+use gossamer_client::raw::Client;
 
 /// Exit code for a denied check.
 const EXIT_DENIED: u8 = 1;

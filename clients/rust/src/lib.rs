@@ -35,6 +35,8 @@
 //! - `pool.rs`: keep-alive HTTP/1.1 connections (hyper), reused across calls and callers.
 //! - `wait.rs`: how long to sleep after a denial (pure), and the jitter's generator.
 //! - `endpoint.rs`: the node's URL, and the paths and query strings sent to it.
+//! - [`raw`]: one bare HTTP/1.1 connection to a node, for tools and tests that want the
+//!   whole answer (status, headers, body) rather than a decision.
 //!
 //! No global state: two clients share nothing. A [`Client`] is cheap to clone, and clones
 //! share its connections.
@@ -49,6 +51,7 @@ mod error;
 #[cfg(test)]
 mod fake;
 mod pool;
+pub mod raw;
 mod wait;
 
 pub use client::{
