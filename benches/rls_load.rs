@@ -28,10 +28,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use gossamer::client::Client;
 use gossamer::rls::proto::rate_limit_descriptor::Entry;
 use gossamer::rls::proto::rate_limit_service_client::RateLimitServiceClient;
 use gossamer::rls::proto::{RateLimitDescriptor, RateLimitRequest};
+use gossamer_client::raw::Client;
 use tonic::transport::Channel;
 
 const RULE: &str = "rls.fixed_window.1000000.second";

@@ -19,11 +19,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::api::App;
-use crate::client::Client;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::limiter::{MILLISECOND, Nanos, SECOND};
 use crate::server::Node;
+use gossamer_client::raw::Client;
 
 /// The demo's node ids.
 pub const NODES: [&str; 3] = ["demo-a", "demo-b", "demo-c"];

@@ -17,7 +17,6 @@
 //! - [`api`]: HTTP routes, rate-limit headers, the one mapping from errors to responses.
 //! - [`metrics`]: Prometheus counters and the check-latency histogram.
 //! - [`server`]: binds, serves with bounded connections and timeouts, drains on shutdown.
-//! - [`client`]: a small HTTP client for `gossamer check` and the tests.
 //! - [`demo`]: `gossamer demo`, a 3-node cluster on loopback under a skewed load.
 //!
 //! Dependencies point one way: `server -> api -> engine -> {limiter, store, clock}`.
@@ -27,7 +26,6 @@
 
 pub mod api;
 pub mod batch;
-pub mod client;
 pub mod clock;
 pub mod cluster;
 pub mod config;

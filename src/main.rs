@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use gossamer::client::Client;
 use gossamer::clock::SystemClock;
 use gossamer::config::{Config, Overrides};
 use gossamer::server::{ConfigSource, Node};
@@ -16,6 +15,10 @@ use gossamer::server::{ConfigSource, Node};
 const EXIT_DENIED: u8 = 1;
 /// Exit code for bad usage, a bad config, or a failed request.
 const EXIT_ERROR: u8 = 2;
+/// `gossamer check`'s timeouts: longer than an app's (gossamer_client's defaults), since the
+/// node asked from a terminal may be across a network.
+const CHECK_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Parser)]
 #[command(name = "gossamer", version, about = "A cluster-native rate limiter")]
@@ -419,19 +422,31 @@ fn check(args: CheckArgs) -> ExitCode {
             return ExitCode::from(EXIT_ERROR);
         }
     };
-    let body = serde_json::json!({"rule": args.rule, "key": args.key, "cost": args.cost});
-    let reply = runtime.block_on(async {
-        let mut client = Client::connect(&args.url).await?;
-        client.post("/v1/check", &body).await
-    });
-    match reply {
-        Ok(reply) => {
-            println!("{}", String::from_utf8_lossy(&reply.body));
-            match reply.status.as_u16() {
-                200 => ExitCode::SUCCESS,
-                429 => ExitCode::from(EXIT_DENIED),
-                _ => ExitCode::from(EXIT_ERROR),
+    // Fails closed: the exit code must say when the node did not answer.
+    let client = gossamer_client::Client::builder(&args.url)
+        .connect_timeout(CHECK_CONNECT_TIMEOUT)
+        .timeout(CHECK_TIMEOUT)
+        .build();
+    let answer = match client {
+        Ok(client) => runtime.block_on(client.check(&args.rule, &args.key, args.cost)),
+        Err(e) => Err(e),
+    };
+    match answer {
+        // The decision serializes back to the node's body, field for field.
+        Ok(decision) => {
+            println!("{}", serde_json::to_string(&decision).unwrap_or_default());
+            if decision.allowed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(EXIT_DENIED)
             }
+        }
+        Err(gossamer_client::Error::BadRequest { error, message, .. }) => {
+            println!(
+                "{}",
+                serde_json::json!({"error": error, "message": message})
+            );
+            ExitCode::from(EXIT_ERROR)
         }
         Err(e) => {
             eprintln!("gossamer: {e}");

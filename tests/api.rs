@@ -1,5 +1,5 @@
 //! Black-box tests of the HTTP API: a real node per test on 127.0.0.1 port 0, driven over
-//! TCP with `gossamer::client::Client`, on a `ManualClock` so that every time-dependent
+//! TCP with `gossamer_client::raw::Client`, on a `ManualClock` so that every time-dependent
 //! answer is exact. Time only moves when a test advances the clock; the only real-time waits
 //! are the slow-client timeouts (which are real-time by design) and short settles that give
 //! a request a chance to (wrongly) complete.
@@ -10,11 +10,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use gossamer::client::{Client, Reply};
 use gossamer::clock::ManualClock;
 use gossamer::config::Config;
 use gossamer::limiter::{MILLISECOND, Nanos, SECOND};
 use gossamer::server::Node;
+use gossamer_client::raw::{Client, Reply};
 use hyper::Method;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

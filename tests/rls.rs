@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gossamer::api::App;
-use gossamer::client::Client;
 use gossamer::clock::ManualClock;
 use gossamer::config::{Config, Overrides};
 use gossamer::limiter::{Nanos, SECOND};
@@ -22,6 +21,7 @@ use gossamer::rls::proto::rate_limit_response::Code;
 use gossamer::rls::proto::rate_limit_service_client::RateLimitServiceClient;
 use gossamer::rls::proto::{RateLimitDescriptor, RateLimitRequest, RateLimitResponse};
 use gossamer::server::{ConfigSource, Node};
+use gossamer_client::raw::Client;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gossamer::client::Client;
+use gossamer_client::raw::Client;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
 

@@ -46,7 +46,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use gossamer::client::Client;
+use gossamer_client::raw::Client;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout};

@@ -1,19 +1,21 @@
-//! A small HTTP/1.1 client for the node's API, used by `gossamer check` and by the tests.
-//! One connection per [`Client`], reused for every request.
+//! One bare HTTP/1.1 connection to a node, reused for every request, answering the whole
+//! reply (status, headers, body) rather than a decision: for tools, benchmarks and tests that
+//! look at the node's HTTP API itself (`gossamer demo`, the node's black-box tests). Apps
+//! want [`Client`](crate::Client).
 
 use std::net::SocketAddr;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{HeaderMap, Method, Request, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
+
+use crate::endpoint::Endpoint;
+use crate::pool::{OpenError, Sender, open};
 
 /// Why a request could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The URL is not `http://host:port[/...]`.
+    /// The URL is not `http://host[:port][/...]`.
     #[error("invalid URL {0:?}: expected http://host:port")]
     Url(String),
     /// Connecting failed.
@@ -59,29 +61,22 @@ impl Reply {
 #[derive(Debug)]
 pub struct Client {
     host: String,
-    sender: SendRequest<Full<Bytes>>,
+    sender: Sender,
 }
 
 impl Client {
-    /// Connects to `url` (`http://host:port`, a trailing path is ignored).
+    /// Connects to `url` (`http://host[:port]`; a path is ignored: requests name theirs).
     pub async fn connect(url: &str) -> Result<Client, ClientError> {
-        let authority = url
-            .strip_prefix("http://")
-            .map(|rest| rest.split('/').next().unwrap_or(rest))
-            .filter(|a| !a.is_empty())
-            .ok_or_else(|| ClientError::Url(url.to_owned()))?;
-        let stream =
-            TcpStream::connect(authority)
-                .await
-                .map_err(|source| ClientError::Connect {
-                    addr: authority.to_owned(),
-                    source,
-                })?;
-        let _ = stream.set_nodelay(true);
-        let (sender, connection) = http1::handshake(TokioIo::new(stream)).await?;
-        tokio::spawn(connection);
+        let endpoint = Endpoint::parse(url).map_err(|_| ClientError::Url(url.to_owned()))?;
+        let sender = open(&endpoint.authority).await.map_err(|e| match e {
+            OpenError::Connect(source) => ClientError::Connect {
+                addr: endpoint.authority.clone(),
+                source,
+            },
+            OpenError::Handshake(e) => ClientError::Http(e),
+        })?;
         Ok(Client {
-            host: authority.to_owned(),
+            host: endpoint.authority,
             sender,
         })
     }
