@@ -761,7 +761,7 @@ async fn quiet_users(
                 rng ^= rng >> 27;
                 rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
             };
-            let mut clients: Vec<Option<gossamer::client::Client>> =
+            let mut clients: Vec<Option<gossamer_client::raw::Client>> =
                 addrs.iter().map(|_| None).collect();
             let mut seen = vec![QuietRule::default(); RULES.len()];
             let mut failed = 0u64;
@@ -795,7 +795,7 @@ async fn quiet_users(
                     if clients[node].is_none() {
                         clients[node] = timeout(
                             Duration::from_millis(500),
-                            gossamer::client::Client::connect_addr(addrs[node]),
+                            gossamer_client::raw::Client::connect_addr(addrs[node]),
                         )
                         .await
                         .ok()

@@ -53,14 +53,13 @@ async fn within<F: Future>(body: F) -> F::Output {
 struct TestNode {
     addr: SocketAddr,
     clock: Arc<ManualClock>,
-    http: reqwest::Client,
     shutdown: Option<oneshot::Sender<()>>,
 }
 
 /// An answer: status, headers and the JSON body.
 struct Answer {
     status: u16,
-    headers: reqwest::header::HeaderMap,
+    headers: hyper::HeaderMap,
     body: Value,
 }
 
@@ -84,24 +83,22 @@ impl TestNode {
         TestNode {
             addr,
             clock,
-            http: reqwest::Client::new(),
             shutdown: Some(tx),
         }
     }
 
-    async fn send(&self, method: reqwest::Method, path: &str, body: Option<String>) -> Answer {
-        let mut request = self
-            .http
-            .request(method, format!("http://{}{path}", self.addr));
-        if let Some(body) = body {
-            request = request
-                .header("content-type", "application/json")
-                .body(body);
-        }
-        let response = request.send().await.expect("the node answers");
-        let status = response.status().as_u16();
-        let headers = response.headers().clone();
-        let text = response.text().await.expect("a body");
+    /// One request on a fresh connection.
+    async fn send(&self, method: hyper::Method, path: &str, body: Option<String>) -> Answer {
+        let mut client = gossamer_client::raw::Client::connect_addr(self.addr)
+            .await
+            .expect("the node accepts a connection");
+        let reply = client
+            .send(method, path, body.unwrap_or_default())
+            .await
+            .expect("the node answers");
+        let status = reply.status.as_u16();
+        let headers = reply.headers.clone();
+        let text = String::from_utf8_lossy(&reply.body).into_owned();
         let body = if text.is_empty() || !text.starts_with(['{', '[']) {
             Value::String(text)
         } else {
@@ -115,7 +112,7 @@ impl TestNode {
     }
 
     async fn post(&self, path: &str, body: &Value) -> Answer {
-        self.send(reqwest::Method::POST, path, Some(body.to_string()))
+        self.send(hyper::Method::POST, path, Some(body.to_string()))
             .await
     }
 
@@ -145,7 +142,7 @@ impl TestNode {
     async fn status(&self, rule: &str, key: &str) -> Value {
         let a = self
             .send(
-                reqwest::Method::GET,
+                hyper::Method::GET,
                 &format!("/v1/status?rule={rule}&key={key}"),
                 None,
             )
@@ -161,7 +158,7 @@ impl TestNode {
     }
 
     async fn metrics(&self) -> String {
-        let a = self.send(reqwest::Method::GET, "/metrics", None).await;
+        let a = self.send(hyper::Method::GET, "/metrics", None).await;
         a.body.as_str().expect("metrics are text").to_owned()
     }
 
@@ -234,7 +231,7 @@ async fn reserve_answers_as_a_check_does_plus_the_reservation() {
         assert_eq!(node.remaining("llm", "user-42").await, 8000);
         // Only POST.
         let get = node
-            .send(reqwest::Method::GET, "/v1/reserve?rule=llm&key=k", None)
+            .send(hyper::Method::GET, "/v1/reserve?rule=llm&key=k", None)
             .await;
         assert_eq!(
             (get.status, &get.body["error"]),
