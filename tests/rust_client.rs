@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use gossamer_client::{Client, Error, Outcome};
+use gossamer_client::{Client, Error, Outcome, Settlement};
 use tokio::task::JoinSet;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -38,6 +38,8 @@ const LIMIT: Duration = Duration::from_secs(60);
 /// - `scarce`: 2 per hour (a sliding log, so no window edge falls inside a test).
 /// - `shared`: 50 per hour, for concurrent callers.
 /// - `shaped`: a shaping leaky bucket that may hold a call up to 1 s.
+/// - `llm`: tokens of a model's completions, 10,000 a window of a year (no window ends
+///   between a reserve and its settle, so every figure is exact).
 const RULES: &str = r#"
 [[rule]]
 name = "tenth"
@@ -65,9 +67,16 @@ limit = 10
 period = "1s"
 burst = 1
 max_wait = "1s"
+
+[[rule]]
+name = "llm"
+algorithm = "fixed_window"
+limit = 10000
+period = "366d"
 "#;
 
-/// A running `gossamer serve` with [`RULES`], killed on drop; its config file is removed.
+/// A running `gossamer serve` with [`RULES`] (or a config of its own), killed on drop; its
+/// config file is removed.
 struct Node {
     child: Option<Child>,
     port: u16,
@@ -78,6 +87,10 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 
 impl Node {
     async fn start() -> Node {
+        Node::start_with(RULES).await
+    }
+
+    async fn start_with(config_text: &str) -> Node {
         let port = free_port();
         let config = std::env::temp_dir().join(format!(
             "gossamer-rust-client-{}-{}.toml",
@@ -85,7 +98,7 @@ impl Node {
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::File::create(&config)
-            .and_then(|mut f| f.write_all(RULES.as_bytes()))
+            .and_then(|mut f| f.write_all(config_text.as_bytes()))
             .expect("write the config");
         let mut node = Node {
             child: None,
@@ -474,6 +487,263 @@ async fn concurrent_callers_share_one_client_and_the_limit_holds() {
             took >= Duration::from_millis(350) && took < Duration::from_secs(3),
             "{took:?}"
         );
+    })
+    .await;
+}
+
+/// The key's `remaining` under `llm`, spending nothing.
+async fn llm_remaining(client: &Client, key: &str) -> u64 {
+    let d = client.status("llm", key).await.expect("a status");
+    d.remaining.expect("a status has figures")
+}
+
+/// The settlement a settle that must reach the node answers.
+fn settled(answer: Result<Option<Settlement>, Error>) -> Settlement {
+    answer
+        .expect("settled")
+        .expect("the node answered the settle")
+}
+
+#[tokio::test]
+async fn reserve_is_admitted_with_an_id_and_settling_lower_refunds_the_rest() {
+    bounded(async {
+        let node = Node::start().await;
+        let client = Client::new(&node.url()).unwrap();
+        let r = client.reserve("llm", "user-1", 2000).await.unwrap();
+        assert!(r.allowed && !r.failed_open(), "{r:?}");
+        assert_eq!(
+            (r.outcome, r.status, r.remaining, r.cost),
+            (Outcome::Allowed, 200, Some(8000), 2000)
+        );
+        let id = r.id().expect("an admitted reserve has an id");
+        assert!(
+            id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{id}"
+        );
+        // The estimate is charged at once.
+        assert_eq!(llm_remaining(&client, "user-1").await, 8000);
+
+        let s = settled(client.settle(&r, 500).await);
+        assert_eq!(
+            (s.reservation.as_str(), s.rule.as_str(), s.key.as_str()),
+            (id, "llm", "user-1")
+        );
+        assert_eq!(
+            (s.reserved, s.cost, s.refunded, s.charged, s.unpaid),
+            (2000, 500, 1500, 0, 0)
+        );
+        assert_eq!((s.limit, s.remaining), (Some(10_000), Some(9500)));
+        assert!(s.reset_after_ms.is_some_and(|ms| ms > 0));
+        // What was given back is there to spend again.
+        assert_eq!(llm_remaining(&client, "user-1").await, 9500);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn settling_higher_charges_the_excess_even_past_the_limit() {
+    bounded(async {
+        let node = Node::start().await;
+        let client = Client::new(&node.url()).unwrap();
+        let r = client.reserve("llm", "user-2", 2000).await.unwrap();
+        // Settled by its id, as a String.
+        let id: String = r.reservation.clone().expect("an id");
+        let s = settled(client.settle(&id, 3000).await);
+        assert_eq!(
+            (s.reserved, s.cost, s.refunded, s.charged, s.unpaid),
+            (2000, 3000, 0, 1000, 0)
+        );
+        assert_eq!(s.remaining, Some(7000));
+        assert_eq!(llm_remaining(&client, "user-2").await, 7000);
+
+        // Beyond the limit: charged whatever the room, and the key is refused afterwards.
+        let r = client.reserve("llm", "user-2", 1000).await.unwrap();
+        let s = settled(client.settle(r.id().expect("an id"), 9000).await);
+        assert_eq!((s.charged, s.remaining), (8000, Some(0)));
+        let d = client.check("llm", "user-2", 1).await.unwrap();
+        assert!(!d.allowed, "{d:?}");
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn refused_settles_are_typed_errors_even_failing_open() {
+    bounded(async {
+        let node = Node::start().await;
+        let client = Client::builder(&node.url())
+            .fail_open(true)
+            .build()
+            .unwrap();
+        let r = client.reserve("llm", "user-3", 100).await.unwrap();
+        let id = r.id().expect("an id").to_owned();
+        // A cost the node refuses changes nothing: the reservation can still be settled.
+        match client.settle(&r, 1 << 41).await {
+            Err(Error::BadRequest { status, error, .. }) => {
+                assert_eq!((status, error.as_str()), (400, "invalid_cost"));
+            }
+            other => panic!("expected BadRequest, got {other:?}"),
+        }
+        assert_eq!(settled(client.settle(&r, 40).await).refunded, 60);
+        match client.settle(&r, 40).await {
+            Err(Error::AlreadySettled { reservation, .. }) => assert_eq!(reservation, id),
+            other => panic!("expected AlreadySettled, got {other:?}"),
+        }
+        for unknown in ["0".repeat(32), "not-an-id".to_owned()] {
+            match client.settle(&unknown, 1).await {
+                Err(Error::UnknownReservation { reservation, .. }) => {
+                    assert_eq!(reservation, unknown);
+                }
+                other => panic!("{unknown}: expected UnknownReservation, got {other:?}"),
+            }
+        }
+        // The refused settles changed nothing: 40 of the 100 stand.
+        assert_eq!(llm_remaining(&client, "user-3").await, 9960);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_denied_reserve_has_no_id_and_reserved_does_not_run_its_work() {
+    bounded(async {
+        let node = Node::start().await;
+        let client = Client::new(&node.url()).unwrap();
+        assert!(client.check("scarce", "d", 2).await.unwrap().allowed);
+        let r = client.reserve("scarce", "d", 1).await.unwrap();
+        assert_eq!(
+            (r.allowed, r.outcome, r.status, r.id()),
+            (false, Outcome::Denied, 429, None)
+        );
+        assert!(r.retry_after_ms.is_some_and(|ms| ms > 0), "{r:?}");
+        let e = client.settle(&r, 0).await.unwrap_err();
+        assert!(matches!(e, Error::NothingToSettle(_)), "{e}");
+        let never = client.reserve("scarce", "other", 3).await.unwrap();
+        assert!(never.never() && never.id().is_none(), "{never:?}");
+
+        let runs = AtomicUsize::new(0);
+        let work = |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(((), 1))
+        };
+        let e = client.reserved("scarce", "d", 1, work).await.unwrap_err();
+        assert!(matches!(e, Error::RateLimited { .. }), "{e}");
+        let e = client.reserved("scarce", "d", 3, work).await.unwrap_err();
+        assert!(matches!(e, Error::NeverAdmitted { .. }), "{e}");
+        assert_eq!(runs.load(Ordering::SeqCst), 0);
+    })
+    .await;
+}
+
+/// What the work of `reserved` fails with here.
+#[derive(Debug)]
+enum WorkError {
+    Gossamer(Error),
+    /// The work failed; its reservation's id.
+    Failed(String),
+}
+
+impl From<Error> for WorkError {
+    fn from(e: Error) -> Self {
+        WorkError::Gossamer(e)
+    }
+}
+
+#[tokio::test]
+async fn reserved_settles_at_the_works_cost_or_at_the_estimate_when_it_fails() {
+    bounded(async {
+        let node = Node::start().await;
+        let client = Client::new(&node.url()).unwrap();
+        let text = client
+            .reserved("llm", "user-4", 2000, |r| {
+                let client = client.clone();
+                async move {
+                    // The estimate is charged while the work runs.
+                    assert_eq!(r.remaining, Some(8000));
+                    assert_eq!(llm_remaining(&client, "user-4").await, 8000);
+                    Ok::<_, WorkError>(("a completion", 300))
+                }
+            })
+            .await
+            .unwrap();
+        assert_eq!(text, "a completion");
+        assert_eq!(llm_remaining(&client, "user-4").await, 9700);
+
+        // The work fails: its error comes back, and the estimate stands, settled.
+        let e = client
+            .reserved("llm", "user-4", 1000, |r| async move {
+                Err::<((), u64), _>(WorkError::Failed(r.id().expect("an id").to_owned()))
+            })
+            .await
+            .unwrap_err();
+        let WorkError::Failed(id) = e else {
+            panic!("expected the work's error, got {e:?}");
+        };
+        assert_eq!(llm_remaining(&client, "user-4").await, 8700);
+        let e = client.settle(&id, 0).await.unwrap_err();
+        assert!(matches!(e, Error::AlreadySettled { .. }), "{e}");
+
+        // Not admitted: the client's error, converted into the work's error type.
+        let e = client
+            .reserved("llm", "user-4", 20_000, |_| async {
+                Ok::<_, WorkError>(((), 1))
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(e, WorkError::Gossamer(Error::NeverAdmitted { .. })),
+            "{e:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_reservation_settled_after_its_timeout_has_expired() {
+    bounded(async {
+        let config = format!("[server]\nreservation_timeout = \"1s\"\n{RULES}");
+        let node = Node::start_with(&config).await;
+        let client = Client::new(&node.url()).unwrap();
+        let r = client.reserve("llm", "late", 2000).await.unwrap();
+        sleep(Duration::from_millis(1300)).await;
+        match client.settle(&r, 0).await {
+            Err(Error::ReservationExpired { reservation, .. }) => {
+                assert_eq!(Some(reservation.as_str()), r.id());
+            }
+            other => panic!("expected ReservationExpired, got {other:?}"),
+        }
+        // Its estimate stood.
+        assert_eq!(llm_remaining(&client, "late").await, 8000);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_node_down_fails_reserve_and_settle_closed_or_open() {
+    bounded(async {
+        let url = format!("http://127.0.0.1:{}", free_port());
+        let closed = Client::new(&url).unwrap();
+        assert!(
+            closed
+                .reserve("llm", "k", 1)
+                .await
+                .unwrap_err()
+                .is_unavailable()
+        );
+        let id = "0".repeat(32);
+        assert!(closed.settle(&id, 1).await.unwrap_err().is_unavailable());
+
+        let open = Client::builder(&url).fail_open(true).build().unwrap();
+        let r = open.reserve("llm", "k", 2000).await.unwrap();
+        assert!(r.allowed && r.failed_open() && r.id().is_none(), "{r:?}");
+        assert_eq!(open.settle(&r, 1).await.unwrap(), None);
+        // A real id the node cannot be asked about: it keeps its estimate.
+        assert_eq!(open.settle(&id, 1).await.unwrap(), None);
+        let out = open
+            .reserved("llm", "k", 2000, |r| async move {
+                Ok::<_, Error>((r.failed_open(), 10))
+            })
+            .await
+            .unwrap();
+        assert!(out);
     })
     .await;
 }

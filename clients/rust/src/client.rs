@@ -1,5 +1,5 @@
-//! The client of one node: `check`, `acquire`, `status`, `rate_limited`, and the policy for
-//! a node that cannot be reached.
+//! The client of one node: `check`, `acquire`, `status`, `rate_limited`, `reserve`, `settle`,
+//! `reserved`, and the policy for a node that cannot be reached.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -12,7 +12,8 @@ use tokio::time::Instant;
 use crate::decision::{Decision, read_answer};
 use crate::endpoint::Endpoint;
 use crate::error::Error;
-use crate::pool::Pool;
+use crate::pool::{Answer, Pool};
+use crate::reserve::{Reservation, SettleTarget, Settlement, read_reservation, read_settlement};
 use crate::wait::{Jitter, next_wait};
 
 /// The node a [`Client::builder`] would be pointed at on this machine by default.
@@ -71,9 +72,10 @@ pub struct ClientBuilder {
 impl ClientBuilder {
     /// When the node cannot be reached, does not answer within the timeouts, or answers with
     /// a 5xx: `true` admits the call (a [`Decision`] with outcome
-    /// [`FailOpen`](crate::Outcome::FailOpen), logged as a `tracing` warning), `false` (the
-    /// default) fails it with [`Error::Unavailable`]. A 4xx is the caller's mistake and always
-    /// fails with [`Error::BadRequest`].
+    /// [`FailOpen`](crate::Outcome::FailOpen), logged as a `tracing` warning; a
+    /// [`settle`](Client::settle) answers `Ok(None)`), `false` (the default) fails it with
+    /// [`Error::Unavailable`]. A 4xx is the caller's mistake and always fails with
+    /// [`Error::BadRequest`] (or a settle's own errors).
     pub fn fail_open(mut self, fail_open: bool) -> Self {
         self.fail_open = fail_open;
         self
@@ -193,20 +195,169 @@ impl Client {
         cost: u64,
         max_wait: Duration,
     ) -> Result<Decision, Error> {
-        let wait_ms = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
-        let mut body = serde_json::json!({"rule": rule, "key": key, "cost": cost});
-        if wait_ms > 0 {
-            body["wait_ms"] = wait_ms.into();
-        }
         let path = self.inner.pool.endpoint().check_path();
-        let timeout = self.inner.timeout.saturating_add(max_wait);
-        let body = Bytes::from(body.to_string());
-        match self.ask(Method::POST, &path, Some(body), timeout).await {
+        let url = &self.inner.url;
+        let answer = self.decide(&path, rule, key, cost, max_wait).await;
+        match answer.and_then(|a| read_answer(url, a.status, &a.body)) {
             Err(e @ Error::Unavailable { .. }) if self.inner.fail_open => {
                 tracing::warn!(rule, key, error = %e, "gossamer unavailable, failing open");
                 Ok(Decision::fail_open(rule, key))
             }
             answer => answer,
+        }
+    }
+
+    /// Charges `cost` (the estimate) as [`check`](Client::check) does and, admitted, holds it
+    /// as a reservation to [`settle`](Client::settle) with the actual cost once known: the
+    /// tokens of a model's completion, the bytes of a download (`POST /v1/reserve`).
+    ///
+    /// Returns the node's answer, admitted or not, as a [`Reservation`]: its
+    /// [`Decision`] fields, and `reservation`, the id to settle, `Some` when admitted. A denial
+    /// is an answer, not an error, and holds nothing (`reservation` is `None`). Fails as
+    /// `check` does; failing open, a node that cannot answer gives an admitting reservation
+    /// with outcome [`FailOpen`](crate::Outcome::FailOpen) and no id (nothing was charged,
+    /// and settling it does nothing).
+    ///
+    /// Settle at the node you reserved at (the reservation lives in its memory). One not
+    /// settled within the node's `reservation_timeout` (10 minutes by default) expires, and
+    /// its estimate stands.
+    pub async fn reserve(&self, rule: &str, key: &str, cost: u64) -> Result<Reservation, Error> {
+        self.reserve_with_wait(rule, key, cost, Duration::ZERO)
+            .await
+    }
+
+    /// [`reserve`](Client::reserve), letting the node hold the call up to `max_wait` on a
+    /// shaping rule, as [`check_with_wait`](Client::check_with_wait) does.
+    pub async fn reserve_with_wait(
+        &self,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Reservation, Error> {
+        let path = self.inner.pool.endpoint().reserve_path();
+        let url = &self.inner.url;
+        let answer = self.decide(&path, rule, key, cost, max_wait).await;
+        match answer.and_then(|a| read_reservation(url, a.status, &a.body, cost)) {
+            Err(e @ Error::Unavailable { .. }) if self.inner.fail_open => {
+                tracing::warn!(rule, key, error = %e, "gossamer unavailable, failing open");
+                Ok(Reservation::fail_open(rule, key, cost))
+            }
+            answer => answer,
+        }
+    }
+
+    /// Settles a reservation (a [`Reservation`], or its id as `&str` or `&String`) with the
+    /// `cost` the work actually had (`POST /v1/settle`): below the estimate, the node gives
+    /// the difference back (as far as the key's window is still open or its bucket has not
+    /// refilled: [`Settlement::refunded`] says how much); above it, charges the excess
+    /// ([`Settlement::charged`]), whatever the room.
+    ///
+    /// Returns `Ok(Some(settlement))`, the node's answer; `Ok(None)` when there is nothing
+    /// the node can be asked: a fail-open reservation (no id), or, failing open, a node that
+    /// cannot answer (logged as a `tracing` warning: the reservation keeps its estimate).
+    ///
+    /// Fails with [`Error::UnknownReservation`] (404: not this node's, or long gone),
+    /// [`Error::AlreadySettled`] (409), [`Error::ReservationExpired`] (410: its estimate
+    /// stood), [`Error::BadRequest`] (400 `invalid_cost`: a cost above 2^40), whether failing
+    /// open or not: the node changed nothing. [`Error::NothingToSettle`] for a reservation the
+    /// node denied, or an empty id, without asking the node. [`Error::Unavailable`] when the
+    /// node cannot answer and the client fails closed.
+    pub async fn settle<R>(&self, reservation: &R, cost: u64) -> Result<Option<Settlement>, Error>
+    where
+        R: SettleTarget + ?Sized,
+    {
+        let Some(id) = reservation.reservation_id()? else {
+            return Ok(None);
+        };
+        let body = serde_json::json!({"reservation": id, "cost": cost});
+        let body = Bytes::from(body.to_string());
+        let path = self.inner.pool.endpoint().settle_path();
+        let url = &self.inner.url;
+        let answer = self
+            .exchange(Method::POST, &path, Some(body), self.inner.timeout)
+            .await;
+        match answer.and_then(|a| read_settlement(url, id, a.status, &a.body)) {
+            Err(e @ Error::Unavailable { .. }) if self.inner.fail_open => {
+                tracing::warn!(
+                    reservation = id,
+                    error = %e,
+                    "gossamer unavailable, the reservation keeps its estimate"
+                );
+                Ok(None)
+            }
+            answer => answer.map(Some),
+        }
+    }
+
+    /// Reserves `estimate` for `key` under `rule`, runs `work` only if admitted, and settles
+    /// with the cost it reports: what Python's `with client.reserve(...) as r:` does.
+    ///
+    /// `work` gets the [`Reservation`] and returns `Ok((output, actual_cost))`; the
+    /// reservation is settled at `actual_cost` and `output` returned. When `work` returns an
+    /// error, the reservation is settled at `estimate` (the estimate stands, and the node
+    /// forgets it at once rather than at its timeout) and that error is returned; a failure
+    /// of that settle is only logged (a `tracing` warning), not to hide the work's error.
+    ///
+    /// Not admitted, `work` is not called and the error is [`Error::RateLimited`] (or
+    /// [`Error::NeverAdmitted`] for a cost that can never fit), at once: it does not wait as
+    /// [`acquire`](Client::acquire) does. Failing open with the node unreachable, `work` runs
+    /// and there is nothing to settle. Errors of the reserve, and of the settle after `work`
+    /// succeeded (then `output` is lost: the work was done, but the call fails), are
+    /// converted into `E`, which needs `From<Error>` (`Error` itself, `anyhow::Error`, ...).
+    /// A future dropped while `work` runs settles nothing: the reservation expires at the
+    /// node's `reservation_timeout`, keeping its estimate.
+    ///
+    /// The work's error type is rarely inferred: name it, as here with `Ok::<_, E>`.
+    ///
+    /// ```no_run
+    /// # #[derive(Debug)] struct AppError;
+    /// # impl From<gossamer_client::Error> for AppError { fn from(_: gossamer_client::Error) -> Self { AppError } }
+    /// # struct Reply { text: String, tokens: u64 }
+    /// # async fn complete(prompt: &str) -> Result<Reply, AppError> {
+    /// #     Ok(Reply { text: prompt.to_owned(), tokens: 1 })
+    /// # }
+    /// # async fn run(client: gossamer_client::Client, prompt: &str) -> Result<(), AppError> {
+    /// let text: String = client
+    ///     .reserved("llm", "user-42", 2000, |_reservation| async move {
+    ///         let reply = complete(prompt).await?;
+    ///         Ok::<_, AppError>((reply.text, reply.tokens)) // settled at the tokens used
+    ///     })
+    ///     .await?; // Err(AppError::from(Error::RateLimited { .. })) when denied
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn reserved<T, E, F, Fut>(
+        &self,
+        rule: &str,
+        key: &str,
+        estimate: u64,
+        work: F,
+    ) -> Result<T, E>
+    where
+        F: FnOnce(Reservation) -> Fut,
+        Fut: Future<Output = Result<(T, u64), E>>,
+        E: From<Error>,
+    {
+        let reservation = self.reserve(rule, key, estimate).await?;
+        if !reservation.allowed {
+            return Err(refusal(reservation.decision).into());
+        }
+        match work(reservation.clone()).await {
+            Ok((output, cost)) => {
+                self.settle(&reservation, cost).await?;
+                Ok(output)
+            }
+            Err(e) => {
+                if let Err(settle_error) = self.settle(&reservation, estimate).await {
+                    tracing::warn!(
+                        reservation = reservation.id(),
+                        error = %settle_error,
+                        "gossamer: settling a failed work's reservation at its estimate failed"
+                    );
+                }
+                Err(e)
+            }
         }
     }
 
@@ -238,10 +389,6 @@ impl Client {
         let path = self.inner.pool.endpoint().status_path(rule, key);
         self.ask(Method::GET, &path, None, self.inner.timeout).await
     }
-
-    // reserve(rule, key, cost) and settle(reservation, cost) belong here once the node has
-    // POST /v1/reserve and POST /v1/settle (issue 22, item 1); until then an app that learns
-    // its cost only afterwards (the tokens of a completion) checks an estimate.
 
     /// Runs `work` once `key` is admitted to spend `cost` under `rule`, waiting as
     /// [`acquire`](Client::acquire) does up to `timeout` (zero: a denial fails at once), and
@@ -282,17 +429,57 @@ impl Client {
         body: Option<Bytes>,
         timeout: Duration,
     ) -> Result<Decision, Error> {
-        let url = &self.inner.url;
-        let answer = self
-            .inner
+        let answer = self.exchange(method, path, body, timeout).await?;
+        read_answer(&self.inner.url, answer.status, &answer.body)
+    }
+
+    /// A check's or a reserve's request (`{"rule","key","cost"[,"wait_ms"]}` to `path`), and
+    /// its answer, unread.
+    async fn decide(
+        &self,
+        path: &str,
+        rule: &str,
+        key: &str,
+        cost: u64,
+        max_wait: Duration,
+    ) -> Result<Answer, Error> {
+        let wait_ms = u64::try_from(max_wait.as_millis()).unwrap_or(u64::MAX);
+        let mut body = serde_json::json!({"rule": rule, "key": key, "cost": cost});
+        if wait_ms > 0 {
+            body["wait_ms"] = wait_ms.into();
+        }
+        let timeout = self.inner.timeout.saturating_add(max_wait);
+        let body = Bytes::from(body.to_string());
+        self.exchange(Method::POST, path, Some(body), timeout).await
+    }
+
+    /// One request, and its whole answer; [`Error::Unavailable`] when there is none.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Bytes>,
+        timeout: Duration,
+    ) -> Result<Answer, Error> {
+        self.inner
             .pool
             .request(method, path, body, timeout)
             .await
             .map_err(|reason| Error::Unavailable {
-                url: url.clone(),
+                url: self.inner.url.clone(),
                 reason,
-            })?;
-        read_answer(url, answer.status, &answer.body)
+            })
+    }
+}
+
+/// The error of a call that was not admitted: [`Error::NeverAdmitted`] for a cost that can
+/// never fit, else [`Error::RateLimited`].
+fn refusal(decision: Decision) -> Error {
+    let decision = Box::new(decision);
+    if decision.never() {
+        Error::NeverAdmitted { decision }
+    } else {
+        Error::RateLimited { decision }
     }
 }
 
@@ -315,18 +502,12 @@ where
             return Ok(decision);
         }
         if decision.never() {
-            return Err(Error::NeverAdmitted {
-                decision: Box::new(decision),
-            });
+            return Err(refusal(decision));
         }
         let left = timeout.saturating_sub(start.elapsed());
         match next_wait(decision.retry_after_ms, left, jitter, draws.draw()) {
             Some(wait) => tokio::time::sleep(wait).await,
-            None => {
-                return Err(Error::RateLimited {
-                    decision: Box::new(decision),
-                });
-            }
+            None => return Err(refusal(decision)),
         }
     }
 }
@@ -586,5 +767,147 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(out, "done");
+    }
+
+    const ADMITTED_RESERVE: &str = r#"{"allowed":true,"rule":"llm","key":"k","limit":10000,"remaining":8000,"reset_after_ms":5000,"retry_after_ms":0,"outcome":"allowed","reservation":"0000000000000001e44ddbb64463e3f0"}"#;
+
+    /// What the work of `reserved` fails with in these tests.
+    #[derive(Debug)]
+    enum WorkError {
+        Gossamer(Error),
+        Failed,
+    }
+
+    impl From<Error> for WorkError {
+        fn from(e: Error) -> Self {
+            WorkError::Gossamer(e)
+        }
+    }
+
+    #[tokio::test]
+    async fn reserved_runs_the_work_only_when_admitted() {
+        let denial = r#"{"allowed":false,"rule":"r","key":"k","limit":1,"remaining":0,"reset_after_ms":5000,"retry_after_ms":5000,"outcome":"denied"}"#;
+        let never = r#"{"allowed":false,"rule":"r","key":"k","limit":1,"remaining":1,"reset_after_ms":0,"retry_after_ms":null,"outcome":"never"}"#;
+        for (body, is_never) in [(denial, false), (never, true)] {
+            let (url, _) = Fake::answering(429, body).start().await;
+            let client = Client::new(&url).unwrap();
+            let r = client.reserve("r", "k", 1).await.unwrap();
+            assert!(!r.allowed && r.id().is_none(), "{r:?}");
+            // Denied, it holds nothing: nothing is sent to settle it.
+            let e = client.settle(&r, 0).await.unwrap_err();
+            assert!(matches!(e, Error::NothingToSettle(_)), "{e}");
+            let ran = AtomicBool::new(false);
+            let e = client
+                .reserved("r", "k", 1, |_| async {
+                    ran.store(true, Ordering::SeqCst);
+                    Ok::<_, Error>(((), 1))
+                })
+                .await
+                .unwrap_err();
+            assert_eq!(matches!(e, Error::NeverAdmitted { .. }), is_never, "{e}");
+            assert_eq!(matches!(e, Error::RateLimited { .. }), !is_never, "{e}");
+            assert!(!ran.load(Ordering::SeqCst));
+        }
+    }
+
+    #[tokio::test]
+    async fn reserved_returns_the_works_error_even_when_its_settle_fails_too() {
+        // The fake answers the settle with a reserve's body: not a settlement, so the settle
+        // fails (Unavailable, failing closed).
+        let (url, accepted) = Fake::answering(200, ADMITTED_RESERVE).start().await;
+        let client = Client::new(&url).unwrap();
+        let r = client.reserve("llm", "k", 2000).await.unwrap();
+        assert_eq!(r.id(), Some("0000000000000001e44ddbb64463e3f0"));
+        assert_eq!((r.cost, r.remaining), (2000, Some(8000)));
+        let e = client
+            .reserved("llm", "k", 2000, |r| async move {
+                assert!(r.allowed && r.id().is_some());
+                Err::<((), u64), _>(WorkError::Failed)
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(e, WorkError::Failed), "{e:?}");
+        // After work that succeeded, a settle that fails is the call's error.
+        let e = client
+            .reserved("llm", "k", 2000, |_| async {
+                Ok::<_, WorkError>(("out", 10))
+            })
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, WorkError::Gossamer(e) if e.is_unavailable()),
+            "{e:?}"
+        );
+        // The reserve, then the settle, on one kept connection.
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_node_down_fails_reserve_and_settle_closed() {
+        let client = Client::new(&nothing_at().await).unwrap();
+        assert!(
+            client
+                .reserve("llm", "k", 1)
+                .await
+                .unwrap_err()
+                .is_unavailable()
+        );
+        let e = client
+            .settle("0000000000000001e44ddbb64463e3f0", 1)
+            .await
+            .unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        let ran = AtomicBool::new(false);
+        let e = client
+            .reserved("llm", "k", 1, |_| async {
+                ran.store(true, Ordering::SeqCst);
+                Ok::<_, Error>(((), 1))
+            })
+            .await
+            .unwrap_err();
+        assert!(e.is_unavailable(), "{e}");
+        assert!(!ran.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test]
+    async fn a_node_down_fails_reserve_and_settle_open_with_nothing_to_settle() {
+        let client = Client::builder(&nothing_at().await)
+            .fail_open(true)
+            .build()
+            .unwrap();
+        let r = client.reserve("llm", "k", 2000).await.unwrap();
+        assert!(r.allowed && r.failed_open(), "{r:?}");
+        assert_eq!((r.id(), r.cost, r.status), (None, 2000, 0));
+        assert_eq!(client.settle(&r, 10).await.unwrap(), None);
+        // A real id the node cannot be asked about: it keeps its estimate.
+        let id = "0000000000000001e44ddbb64463e3f0".to_owned();
+        assert_eq!(client.settle(&id, 10).await.unwrap(), None);
+        let out = client
+            .reserved("llm", "k", 2000, |r| async move {
+                Ok::<_, Error>((r.outcome, 10))
+            })
+            .await
+            .unwrap();
+        assert_eq!(out, Outcome::FailOpen);
+        // An empty id is the caller's mistake, failing open or not.
+        let e = client.settle("", 1).await.unwrap_err();
+        assert!(matches!(e, Error::NothingToSettle(_)), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_settles_refusal_is_an_error_even_failing_open() {
+        let refusal = r#"{"error":"already_settled","message":"settled already"}"#;
+        let (url, _) = Fake::answering(409, refusal).start().await;
+        let client = Client::builder(&url).fail_open(true).build().unwrap();
+        match client.settle("ab", 1).await {
+            Err(Error::AlreadySettled {
+                reservation,
+                message,
+            }) => assert_eq!(
+                (reservation.as_str(), message.as_str()),
+                ("ab", "settled already")
+            ),
+            other => panic!("expected AlreadySettled, got {other:?}"),
+        }
     }
 }

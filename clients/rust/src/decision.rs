@@ -151,9 +151,16 @@ pub(crate) fn read_answer(url: &str, status: u16, body: &[u8]) -> Result<Decisio
             ))),
         };
     }
+    Err(refused(url, status, body))
+}
+
+/// What an answer that is not the expected one means: any 4xx but 408 is a
+/// [`Error::BadRequest`] with the node's `{"error","message"}` (`"http_error"` and the body's
+/// start without one); anything else [`Error::Unavailable`].
+pub(crate) fn refused(url: &str, status: u16, body: &[u8]) -> Error {
     // 408: the node did not receive the request in time, which is the network, not the caller.
     if (400..500).contains(&status) && status != 408 {
-        return Err(match serde_json::from_slice::<Refusal>(body) {
+        return match serde_json::from_slice::<Refusal>(body) {
             Ok(r) => Error::BadRequest {
                 status,
                 error: r.error,
@@ -164,13 +171,16 @@ pub(crate) fn read_answer(url: &str, status: u16, body: &[u8]) -> Result<Decisio
                 error: "http_error".to_owned(),
                 message: snippet(body),
             },
-        });
+        };
     }
-    Err(unavailable(format!("HTTP {status}: {}", snippet(body))))
+    Error::Unavailable {
+        url: url.to_owned(),
+        reason: format!("HTTP {status}: {}", snippet(body)),
+    }
 }
 
 /// The start of a body, for a message.
-fn snippet(body: &[u8]) -> String {
+pub(crate) fn snippet(body: &[u8]) -> String {
     String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned()
 }
 

@@ -49,6 +49,16 @@ impl Endpoint {
         format!("{}/v1/check", self.prefix)
     }
 
+    /// The path of a reserve.
+    pub fn reserve_path(&self) -> String {
+        format!("{}/v1/reserve", self.prefix)
+    }
+
+    /// The path of a settle.
+    pub fn settle_path(&self) -> String {
+        format!("{}/v1/settle", self.prefix)
+    }
+
     /// The path and query of a status.
     pub fn status_path(&self, rule: &str, key: &str) -> String {
         let mut path = format!("{}/v1/status?rule=", self.prefix);
@@ -122,6 +132,8 @@ mod tests {
     fn paths_carry_the_prefix_and_an_encoded_query() {
         let e = Endpoint::parse("http://n:1/p").unwrap();
         assert_eq!(e.check_path(), "/p/v1/check");
+        assert_eq!(e.reserve_path(), "/p/v1/reserve");
+        assert_eq!(e.settle_path(), "/p/v1/settle");
         assert_eq!(
             e.status_path("api.v2", "a b&c=d/é~_-"),
             "/p/v1/status?rule=api.v2&key=a%20b%26c%3Dd%2F%C3%A9~_-"

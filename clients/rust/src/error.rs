@@ -41,9 +41,10 @@ pub enum Error {
     },
     /// The node could not be reached within the connect timeout, did not answer within the
     /// timeout, or answered with something that is not a gossamer answer (a 5xx, a body that
-    /// is not a decision). Returned by `check`, `acquire` and `rate_limited` only when the
-    /// client fails closed; failing open, they admit the call instead. `status` always
-    /// returns it: it admits nothing, so there is nothing to fail open to.
+    /// is not a decision). Returned by `check`, `acquire`, `rate_limited`, `reserve`,
+    /// `reserved` and `settle` only when the client fails closed; failing open, they admit the
+    /// call instead (`settle` answers `Ok(None)`: the reservation keeps its estimate).
+    /// `status` always returns it: it admits nothing, so there is nothing to fail open to.
     #[error("gossamer at {url}: {reason}")]
     Unavailable {
         /// The node's URL, as given to the client.
@@ -53,8 +54,12 @@ pub enum Error {
     },
     /// The node refused the request as malformed (a 4xx other than 429 and 408), for
     /// example an unknown rule (404, `error == "unknown_rule"`) or a cost of 0 (400,
-    /// `"invalid_cost"`). A bug in the caller, not an outage: returned whether the client
-    /// fails open or closed, and nothing was counted.
+    /// `"invalid_cost"`, also a settle's cost above 2^40). A bug in the caller, not an outage:
+    /// returned whether the client fails open or closed, and nothing was counted. A settle's
+    /// refusals of the reservation itself have variants of their own:
+    /// [`UnknownReservation`](Error::UnknownReservation),
+    /// [`AlreadySettled`](Error::AlreadySettled),
+    /// [`ReservationExpired`](Error::ReservationExpired).
     #[error("HTTP {status} {error}: {message}")]
     BadRequest {
         /// The HTTP status.
@@ -64,6 +69,42 @@ pub enum Error {
         /// The node's `message`.
         message: String,
     },
+    /// [`settle`](crate::Client::settle): the node holds no such reservation (404,
+    /// `"unknown_reservation"`): another node's (settle at the node you reserved at), one
+    /// from before the node restarted, one settled or expired long ago, or not an id at all.
+    /// Nothing changed. Returned whether the client fails open or closed.
+    #[error("reservation {reservation:?} unknown at this node: {message}")]
+    UnknownReservation {
+        /// The id sent.
+        reservation: String,
+        /// The node's `message`.
+        message: String,
+    },
+    /// [`settle`](crate::Client::settle): the reservation was settled already (409,
+    /// `"already_settled"`); this settle changed nothing. Returned whether the client fails
+    /// open or closed.
+    #[error("reservation {reservation:?} already settled: {message}")]
+    AlreadySettled {
+        /// The id sent.
+        reservation: String,
+        /// The node's `message`.
+        message: String,
+    },
+    /// [`settle`](crate::Client::settle): the reservation was not settled within the node's
+    /// `reservation_timeout` (410, `"reservation_expired"`): its estimate stood, and nothing
+    /// is given back or charged now. Returned whether the client fails open or closed.
+    #[error("reservation {reservation:?} expired, its estimate stood: {message}")]
+    ReservationExpired {
+        /// The id sent.
+        reservation: String,
+        /// The node's `message`.
+        message: String,
+    },
+    /// [`settle`](crate::Client::settle) was given nothing to settle: a
+    /// [`Reservation`](crate::Reservation) the node did not admit (denied, so it holds
+    /// nothing), or an empty id. A bug in the caller; nothing was sent.
+    #[error("nothing to settle: {0}")]
+    NothingToSettle(String),
 }
 
 impl Error {

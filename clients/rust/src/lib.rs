@@ -19,7 +19,14 @@
 //! let answer = client
 //!     .rate_limited("free", "tenant-42", 1, Duration::ZERO, || async { 42 })
 //!     .await?;
-//! # let _ = answer;
+//! // Reserves an estimate, runs the closure's future only once admitted, and settles with
+//! // the actual cost it reports (here 350 of the 2000 tokens reserved).
+//! let reply = client
+//!     .reserved("llm", "user-42", 2000, |_reservation| async {
+//!         Ok::<_, gossamer_client::Error>(("reply", 350))
+//!     })
+//!     .await?;
+//! # let _ = (answer, reply);
 //! # Ok(())
 //! # }
 //! ```
@@ -29,7 +36,9 @@
 //!
 //! # Layout
 //! - [`Client`] / [`ClientBuilder`] (`client.rs`): `check`, `acquire`, `status`,
-//!   `rate_limited`; the fail-open policy; the wait loop.
+//!   `rate_limited`, `reserve`, `settle`, `reserved`; the fail-open policy; the wait loop.
+//! - [`Reservation`], [`Settlement`] and [`SettleTarget`] (`reserve.rs`): the answers of a
+//!   reserve and a settle, and reading them.
 //! - [`Decision`] and [`Outcome`] (`decision.rs`): the node's answer, and reading one.
 //! - [`Error`] (`error.rs`): every way a call fails.
 //! - `pool.rs`: keep-alive HTTP/1.1 connections (hyper), reused across calls and callers.
@@ -52,6 +61,7 @@ mod error;
 mod fake;
 mod pool;
 pub mod raw;
+mod reserve;
 mod wait;
 
 pub use client::{
@@ -60,3 +70,4 @@ pub use client::{
 };
 pub use decision::{Decision, Outcome};
 pub use error::Error;
+pub use reserve::{Reservation, SettleTarget, Settlement};
