@@ -675,6 +675,9 @@ struct Quiet {
     failed: u64,
     /// Checks the nodes held for their lease (`gossamer_check_lease_waits_total`, summed).
     lease_waits: u64,
+    /// (checks, denied) per node, and per second of the load.
+    per_node: Vec<(u64, u64)>,
+    per_second: Vec<(u64, u64)>,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -718,6 +721,17 @@ impl Quiet {
         eprintln!(
             "[{tag}] failed: {}, held for a lease by the nodes: {}",
             self.failed, self.lease_waits
+        );
+        let show = |v: &[(u64, u64)]| {
+            v.iter()
+                .map(|(c, d)| format!("{d}/{c}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        eprintln!("[{tag}] denied/checks per node: {}", show(&self.per_node));
+        eprintln!(
+            "[{tag}] denied/checks per second: {}",
+            show(&self.per_second)
         );
     }
 }
@@ -764,6 +778,8 @@ async fn quiet_users(
             let mut clients: Vec<Option<gossamer_client::raw::Client>> =
                 addrs.iter().map(|_| None).collect();
             let mut seen = vec![QuietRule::default(); RULES.len()];
+            let mut per_node = vec![(0u64, 0u64); addrs.len()];
+            let mut by_second = vec![(0u64, 0u64); dur.as_secs() as usize + 1];
             let mut failed = 0u64;
             sleep(period.mul_f64(t as f64 / tasks as f64)).await;
             let mut tick = tokio::time::interval(period);
@@ -816,6 +832,15 @@ async fn quiet_users(
                             r.denied += u64::from(reply.status.as_u16() == 429);
                             r.slow += u64::from(took > Duration::from_millis(10));
                             r.max_us = r.max_us.max(took.as_micros() as u64);
+                            let denied = u64::from(reply.status.as_u16() == 429);
+                            let second = (started + dur).saturating_duration_since(end).as_secs();
+                            for tally in [
+                                &mut per_node[node],
+                                &mut by_second[(second as usize).min(dur.as_secs() as usize)],
+                            ] {
+                                tally.0 += 1;
+                                tally.1 += denied;
+                            }
                         }
                         _ => {
                             failed += 1;
@@ -824,7 +849,7 @@ async fn quiet_users(
                     }
                 }
             }
-            (seen, failed)
+            (seen, failed, per_node, by_second)
         }));
     }
     let mut quiet = Quiet {
@@ -834,10 +859,18 @@ async fn quiet_users(
             .collect(),
         failed: 0,
         lease_waits: 0,
+        per_node: vec![(0, 0); addrs.len()],
+        per_second: vec![(0, 0); dur.as_secs() as usize + 1],
     };
     for h in handles {
-        let (seen, failed) = h.await.expect("client task");
+        let (seen, failed, per_node, per_second) = h.await.expect("client task");
         quiet.failed += failed;
+        for (total, (c, d)) in quiet.per_node.iter_mut().zip(per_node) {
+            *total = (total.0 + c, total.1 + d);
+        }
+        for (total, (c, d)) in quiet.per_second.iter_mut().zip(per_second) {
+            *total = (total.0 + c, total.1 + d);
+        }
         for ((_, a), r) in quiet.rules.iter_mut().zip(seen) {
             a.checks += r.checks;
             a.denied += r.denied;
