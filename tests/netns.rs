@@ -936,6 +936,16 @@ fn quiet_users_through_a_restart() {
     });
 }
 
+/// 5e. The same users while node-2 is stopped with SIGTERM (a graceful leave) and restarted
+///     1 s later, as a rolling update does: reported.
+#[test]
+fn quiet_users_through_a_rolling_update() {
+    quiet_scenario("quiet-update", QuietFault::Terminate, |q| {
+        let all = q.all();
+        assert!(all.checks > 600, "too few checks: {all:?}");
+    });
+}
+
 /// What happens to the cluster while [`quiet_users`] runs.
 #[derive(Debug, Clone, Copy)]
 enum QuietFault {
@@ -944,6 +954,9 @@ enum QuietFault {
     Loss(u32),
     /// Node-2 killed 2 s into the load and restarted (same id) 1 s later.
     Restart,
+    /// Node-2 stopped with SIGTERM (it leaves the cluster) 2 s into the load, and restarted
+    /// 1 s later: a rolling update.
+    Terminate,
 }
 
 /// Runs [`quiet_users`] on 3 nodes serving [`TIERS`] under `fault`, prints what it saw, and
@@ -976,10 +989,15 @@ fn quiet_scenario(tag: &'static str, fault: QuietFault, judge: impl FnOnce(&Quie
                 60.0,
                 Duration::from_secs(6),
             ));
-            if let QuietFault::Restart = fault {
+            if let QuietFault::Restart | QuietFault::Terminate = fault {
                 sleep(Duration::from_secs(2)).await;
-                lab.kill(2);
-                eprintln!("[{tag}] SIGKILL node-2");
+                if let QuietFault::Restart = fault {
+                    lab.kill(2);
+                    eprintln!("[{tag}] SIGKILL node-2");
+                } else {
+                    let took = lab.terminate(2, Duration::from_secs(5)).await;
+                    eprintln!("[{tag}] SIGTERM node-2: exited after {took:?}");
+                }
                 sleep(Duration::from_secs(1)).await;
                 lab.start(2);
                 eprintln!("[{tag}] restarted node-2 (same id) after 1 s down");
