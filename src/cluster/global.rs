@@ -1869,7 +1869,14 @@ impl Global {
         if suspicion_changed {
             st.view_changed = true;
         }
-        let all_reachable = st.peers.values().all(|p| !p.suspected);
+        // Every participant's frame can come: under `split` a member declared dead takes no
+        // part, so once every suspect is dead the side is whole again (design §5), and opens
+        // starters and allots the open slots among its own members.
+        let all_reachable = st
+            .peers
+            .values()
+            .filter(|p| self.participates(p))
+            .all(|p| !p.suspected);
         let hold_from_before = st.hold_from;
         // A side holds from the instant its set of suspects last changed: a slot its
         // members could have been allotted before then, by a set that included peers now
