@@ -946,6 +946,30 @@ fn quiet_users_through_a_rolling_update() {
     });
 }
 
+/// 5f. The same users while node-2 is killed 2 s into the load and not restarted (its bursts
+///     fail from then on): reported.
+#[test]
+fn quiet_users_after_a_crash() {
+    quiet_scenario("quiet-crash", QuietFault::Crash, |q| {
+        let all = q.all();
+        assert!(all.checks > 400, "too few checks: {all:?}");
+    });
+}
+
+/// 5g. As 5f under `on_partition = "split"`: reported.
+#[test]
+fn quiet_users_after_a_crash_under_split() {
+    quiet_scenario_config(
+        "quiet-crash-split",
+        "[cluster]\non_partition = \"split\"",
+        QuietFault::Crash,
+        |q| {
+            let all = q.all();
+            assert!(all.checks > 400, "too few checks: {all:?}");
+        },
+    );
+}
+
 /// What happens to the cluster while [`quiet_users`] runs.
 #[derive(Debug, Clone, Copy)]
 enum QuietFault {
@@ -957,16 +981,30 @@ enum QuietFault {
     /// Node-2 stopped with SIGTERM (it leaves the cluster) 2 s into the load, and restarted
     /// 1 s later: a rolling update.
     Terminate,
+    /// Node-2 killed 2 s into the load, not restarted (a machine lost).
+    Crash,
 }
 
 /// Runs [`quiet_users`] on 3 nodes serving [`TIERS`] under `fault`, prints what it saw, and
 /// hands it to `judge`.
 fn quiet_scenario(tag: &'static str, fault: QuietFault, judge: impl FnOnce(&Quiet)) {
+    quiet_scenario_config(tag, "", fault, judge);
+}
+
+/// [`quiet_scenario`] with `cluster` as the config's `[cluster]` table (the addresses come
+/// from the command line).
+fn quiet_scenario_config(
+    tag: &'static str,
+    cluster: &str,
+    fault: QuietFault,
+    judge: impl FnOnce(&Quiet),
+) {
+    let config = format!("{cluster}\n{TIERS}");
     scenario_config(
         tag,
         3,
         3,
-        TIERS,
+        &config,
         Duration::from_secs(60),
         |mut lab| async move {
             wait_formed(tag, &lab, Duration::from_secs(15)).await;
@@ -989,6 +1027,11 @@ fn quiet_scenario(tag: &'static str, fault: QuietFault, judge: impl FnOnce(&Quie
                 60.0,
                 Duration::from_secs(6),
             ));
+            if let QuietFault::Crash = fault {
+                sleep(Duration::from_secs(2)).await;
+                lab.kill(2);
+                eprintln!("[{tag}] SIGKILL node-2, not restarted");
+            }
             if let QuietFault::Restart | QuietFault::Terminate = fault {
                 sleep(Duration::from_secs(2)).await;
                 if let QuietFault::Restart = fault {
@@ -1008,7 +1051,9 @@ fn quiet_scenario(tag: &'static str, fault: QuietFault, judge: impl FnOnce(&Quie
                 let waits = metric(&text, "gossamer_check_lease_waits_total");
                 q.lease_waits += waits.unwrap_or(0.0) as u64;
             }
-            lab.assert_running();
+            if !matches!(fault, QuietFault::Crash) {
+                lab.assert_running();
+            }
             let after = print_rounds(tag, &lab).await;
             let degraded: Vec<u64> = after
                 .iter()
