@@ -124,50 +124,13 @@ from collections import defaultdict, deque
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_BINARY = os.path.join(os.path.dirname(HERE), "target", "release", "gossamer")
 
-RULES = {
-    "bucket": """
-[[rule]]
-name = "bucket"
-algorithm = "token_bucket"
-limit = 60
-period = "1m"
-burst = 60
-""",
-    "fixed": """
-[[rule]]
-name = "fixed"
-algorithm = "fixed_window"
-limit = 60
-period = "1m"
-""",
-    "log": """
-[[rule]]
-name = "log"
-algorithm = "sliding_window_log"
-limit = 60
-period = "1m"
-""",
-    "counter": """
-[[rule]]
-name = "counter"
-algorithm = "sliding_window_counter"
-limit = 60
-period = "1m"
-""",
-    "hybrid": """
-[[rule]]
-name = "hybrid"
-[[rule.limits]]
-algorithm = "token_bucket"
-limit = 10
-period = "1s"
-burst = 20
-[[rule.limits]]
-algorithm = "sliding_window_log"
-limit = 300
-period = "1m"
-""",
-}
+# The rules, one [[rule]] block per name, from benches/false_denials.toml (shared with
+# tests/netns.rs); a run writes the blocks of the rules it serves.
+with open(os.path.join(HERE, "false_denials.toml")) as _f:
+    RULES = {
+        re.search(r'^name = "([^"]+)"', block, re.M).group(1): "\n[[rule]]" + block
+        for block in _f.read().split("\n[[rule]]")[1:]
+    }
 
 # What the client lets itself send per (user, rule): 50% of every limit of the rule,
 # as (window in seconds, most units in any such trailing window).

@@ -28,6 +28,8 @@
 //! scenario holds each window to the limit exactly. `CHAOS_SEED=n` replays the flapping schedule of a run (it prints its seed);
 //! `CHAOS_TIMELINE=1` prints admissions per node per 500 ms.
 
+#[path = "support/env.rs"]
+mod env;
 #[path = "support/lab.rs"]
 mod lab;
 

@@ -12,21 +12,9 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
 
-/// Variables the binary reads; cleared so the test runner's environment cannot leak in.
-const GOSSAMER_ENV: [&str; 12] = [
-    "GOSSAMER_CONFIG",
-    "GOSSAMER_GRPC",
-    "GOSSAMER_RLS_CONFIG",
-    "GOSSAMER_HTTP",
-    "GOSSAMER_NODE_ID",
-    "GOSSAMER_GOSSIP",
-    "GOSSAMER_ADVERTISE",
-    "GOSSAMER_SEEDS",
-    "GOSSAMER_CLUSTER_ID",
-    "GOSSAMER_LOG_FORMAT",
-    "GOSSAMER_URL",
-    "RUST_LOG",
-];
+#[path = "support/env.rs"]
+mod env;
+use env::GOSSAMER_ENV;
 
 fn gossamer() -> Command {
     let mut command = Command::new(BIN);

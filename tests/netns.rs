@@ -15,6 +15,8 @@
 //! The ignored tests assert what the design promises and fail today; each names the gap
 //! in its `ignore` reason. Run them with `cargo test --test netns -- --ignored --nocapture`.
 
+#[path = "support/env.rs"]
+mod env;
 #[path = "support/lab.rs"]
 mod lab;
 
@@ -633,39 +635,7 @@ fn bucket_excess(samples: &[&Sample]) -> (usize, f64) {
 
 /// The per-user tiers of a real API, every rule global: the workload of
 /// `benches/false_denials.py` (a token bucket, the three windows, and the README's hybrid).
-const TIERS: &str = r#"
-[[rule]]
-name = "bucket"
-algorithm = "token_bucket"
-limit = 60
-period = "1m"
-burst = 60
-
-[[rule]]
-name = "fixed"
-algorithm = "fixed_window"
-limit = 60
-period = "1m"
-
-[[rule]]
-name = "log"
-algorithm = "sliding_window_log"
-limit = 60
-period = "1m"
-
-[[rule]]
-name = "counter"
-algorithm = "sliding_window_counter"
-limit = 60
-period = "1m"
-
-[[rule]]
-name = "hybrid"
-limits = [
-  { algorithm = "token_bucket", limit = 10, period = "1s", burst = 20 },
-  { algorithm = "sliding_window_log", limit = 300, period = "1m" },
-]
-"#;
+const TIERS: &str = include_str!("../benches/false_denials.toml");
 
 /// What [`quiet_users`] saw, per rule (in [`TIERS`] order) and in all.
 #[derive(Debug, Default, Clone)]
@@ -833,7 +803,7 @@ async fn quiet_users(
                             r.slow += u64::from(took > Duration::from_millis(10));
                             r.max_us = r.max_us.max(took.as_micros() as u64);
                             let denied = u64::from(reply.status.as_u16() == 429);
-                            let second = (started + dur).saturating_duration_since(end).as_secs();
+                            let second = started.duration_since(end - dur).as_secs();
                             for tally in [
                                 &mut per_node[node],
                                 &mut by_second[(second as usize).min(dur.as_secs() as usize)],

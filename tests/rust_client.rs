@@ -15,21 +15,9 @@ use tokio::time::{Instant, sleep, timeout};
 
 const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
 
-/// Variables the binary reads; cleared so the test runner's environment cannot leak in.
-const GOSSAMER_ENV: [&str; 12] = [
-    "GOSSAMER_CONFIG",
-    "GOSSAMER_GRPC",
-    "GOSSAMER_RLS_CONFIG",
-    "GOSSAMER_HTTP",
-    "GOSSAMER_NODE_ID",
-    "GOSSAMER_GOSSIP",
-    "GOSSAMER_ADVERTISE",
-    "GOSSAMER_SEEDS",
-    "GOSSAMER_CLUSTER_ID",
-    "GOSSAMER_LOG_FORMAT",
-    "GOSSAMER_URL",
-    "RUST_LOG",
-];
+#[path = "support/env.rs"]
+mod env;
+use env::GOSSAMER_ENV;
 
 /// The longest one test may take.
 const LIMIT: Duration = Duration::from_secs(60);

@@ -37,6 +37,8 @@
 //! passes. The scenarios run one at a time (the lab's process-wide lock). Run with
 //! `cargo test --test tree_netns -- --nocapture` to see the figures.
 
+#[path = "support/env.rs"]
+mod env;
 #[path = "support/lab.rs"]
 mod lab;
 

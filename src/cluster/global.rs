@@ -611,6 +611,13 @@ struct Peer {
 }
 
 impl Peer {
+    /// Whether this peer keeps instant `n` from being consistent (design §3.3.4): it is not
+    /// suspected, and its complete round-n frame is missing or reported another view than
+    /// `my_view`.
+    fn breaks_consistency(&self, n: u64, my_view: Option<u64>) -> bool {
+        !self.suspected && (self.complete_to != Some(n) || self.views.get(&n).copied() != my_view)
+    }
+
     fn new(actor: Actor, alive: bool, rules: usize) -> Peer {
         Peer {
             actor,
@@ -1862,7 +1869,7 @@ impl Global {
                     suspicion_changed = true;
                 }
             }
-            if !p.suspected && (p.complete_to != Some(n) || p.views.get(&n).copied() != my_view) {
+            if p.breaks_consistency(n, my_view) {
                 consistent = false;
             }
         }
@@ -1919,10 +1926,7 @@ impl Global {
                 let missing: Vec<&str> = st
                     .peers
                     .iter()
-                    .filter(|(_, p)| {
-                        !p.suspected
-                            && (p.complete_to != Some(n) || p.views.get(&n).copied() != my_view)
-                    })
+                    .filter(|(_, p)| p.breaks_consistency(n, my_view))
                     .map(|(node, _)| node.as_str())
                     .collect();
                 tracing::debug!(

@@ -68,20 +68,7 @@ pub static SERIAL: Mutex<()> = Mutex::new(());
 /// Makes names unique within this process.
 pub static NEXT_LAB: AtomicU32 = AtomicU32::new(0);
 
-/// Variables the binary reads; cleared so the test runner's environment cannot leak in.
-pub const GOSSAMER_ENV: [&str; 11] = [
-    "GOSSAMER_CONFIG",
-    "GOSSAMER_GRPC",
-    "GOSSAMER_RLS_CONFIG",
-    "GOSSAMER_HTTP",
-    "GOSSAMER_NODE_ID",
-    "GOSSAMER_GOSSIP",
-    "GOSSAMER_ADVERTISE",
-    "GOSSAMER_SEEDS",
-    "GOSSAMER_CLUSTER_ID",
-    "GOSSAMER_LOG_FORMAT",
-    "GOSSAMER_URL",
-];
+use crate::env::GOSSAMER_ENV;
 
 /// The rules every lab serves (unless made with [`Lab::with_config`]). `w` is the windowed
 /// rule whose per-window total is measured, `long` a tracer whose window outlives the test (its
@@ -413,7 +400,8 @@ impl Lab {
             .args(["--http", &node.http().to_string()])
             .args(["--gossip", &node.gossip().to_string()])
             .args(["--seeds", &seeds.join(",")]);
-        for var in GOSSAMER_ENV {
+        // A lab's nodes keep the runner's RUST_LOG, to debug a scenario.
+        for var in GOSSAMER_ENV.into_iter().filter(|v| *v != "RUST_LOG") {
             command.env_remove(var);
         }
         command
