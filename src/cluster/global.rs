@@ -569,8 +569,9 @@ impl GKey {
 struct Phase {
     /// Between an instant and the next boundary.
     open: bool,
-    /// The last instant was consistent, with every participant reachable (starters are
-    /// granted only then).
+    /// The last instant was consistent and opened starters: with every participant
+    /// reachable, or holding for a partition with the participants of the last
+    /// all-reachable instant, in the slots allotted since ([`Global::starters_from`]).
     consistent: bool,
     /// The round of the last instant.
     round: u64,
@@ -758,6 +759,12 @@ pub struct Global {
     by_name: HashMap<String, usize>,
     /// [`Phase`] packed: bit 0 open, bit 1 consistent.
     phase: AtomicU64,
+    /// Which slots the last instant opened starters in: those whose first instant (the one
+    /// that could first allot them) is at or after this round. 0 while every participant
+    /// is reachable; the round after `hold_from` while holding for a partition with the
+    /// participants of the last all-reachable instant (design §5); `u64::MAX`: none.
+    /// Stored before the phase, so a check that reads the phase first never sees it staler.
+    starters_from: AtomicU64,
     /// Participants (this node included) at the last instant.
     participants: AtomicU64,
     /// Instants processed so far (for callers waiting for the next lease).
@@ -862,6 +869,7 @@ impl Global {
             rules: grules,
             by_name,
             phase: AtomicU64::new(0),
+            starters_from: AtomicU64::new(u64::MAX),
             participants: AtomicU64::new(1),
             instants: AtomicU64::new(0),
             joined: std::sync::atomic::AtomicBool::new(true),
@@ -917,6 +925,19 @@ impl Global {
             u64::from(p.open) | (u64::from(p.consistent) << 1) | (p.round << 2),
             Ordering::Release,
         );
+    }
+
+    /// The instant that can first allot slot `x` of `l` (it pre-leases it): the one of the
+    /// round before the slot starts.
+    fn first_instant(&self, l: &GLimit, x: u64) -> u64 {
+        (x * l.slot_len / self.params.round).saturating_sub(1)
+    }
+
+    /// Whether the last instant opened starters in slot `x` of `l` (see
+    /// [`Global::starters_from`]). Read after the phase.
+    fn starters_in(&self, l: &GLimit, x: u64) -> bool {
+        let from = self.starters_from.load(Ordering::Acquire);
+        from != u64::MAX && self.first_instant(l, x) >= from
     }
 
     fn lock(&self) -> MutexGuard<'_, RoundState> {
@@ -1062,7 +1083,9 @@ impl Global {
         }
         let spendable = match w.grants.iter().find(|g| g.slot == s) {
             Some(g) if !g.is_empty() => g.spendable(),
-            _ if used == 0 && starter_allowed(known, phase) => starter(l, participants),
+            _ if used == 0 && starter_allowed(known, phase) && self.starters_in(l, s) => {
+                starter(l, participants)
+            }
             _ => 0,
         };
         if cost <= spendable.min(remaining) {
@@ -1940,10 +1963,28 @@ impl Global {
         }
         // Starters open now, before the keys are visited: a key no frame of this round
         // reports active and without own demand is idle at this instant whether or not it
-        // was visited yet (apply_round and the boundary mark the others known).
+        // was visited yet (apply_round and the boundary mark the others known). With every
+        // participant reachable, in every slot; while holding for a partition, in the slots
+        // first allotted since `hold_from` (each side is allotted its head count's part of
+        // those, design §5), and only with the participants of the last all-reachable
+        // instant, so that every side counts the same members, each at a starter's size.
+        let with_record = st.hold_nodes.len() as u64 == participants
+            && st.hold_nodes.contains(&self.me)
+            && st
+                .peers
+                .values()
+                .filter(|p| self.participates(p))
+                .all(|p| st.hold_nodes.contains(&p.actor));
+        let starters_from = match st.hold_from {
+            _ if !consistent => u64::MAX,
+            _ if all_reachable => 0,
+            Some(h) if with_record => h + 1,
+            _ => u64::MAX,
+        };
+        self.starters_from.store(starters_from, Ordering::Release);
         self.set_phase(Phase {
             open: true,
-            consistent: consistent && all_reachable,
+            consistent: starters_from != u64::MAX,
             round: n,
         });
         // Allot every key. The participants, this node first, then peers in node order.
@@ -2080,7 +2121,7 @@ impl Global {
                         LState::Window(w) => {
                             // A check may have taken a starter on this key since starters
                             // opened above: then the key must be idle here.
-                            let could_start = all_reachable
+                            let could_start = self.starters_in(l, l.slot(now))
                                 && !was_known
                                 && w.own.is_empty()
                                 && w.others.is_empty();
@@ -2378,43 +2419,57 @@ impl Global {
             // Holding for a partition: a slot that could have been allotted before this
             // side began to hold gets nothing more (the other side may have allotted its
             // room); it is served from what is held. Later slots are split evenly.
-            let first_instant = (x * l.slot_len / self.params.round).saturating_sub(1);
-            if hold_from.is_some_and(|h| first_instant <= h) {
+            if hold_from.is_some_and(|h| self.first_instant(l, x) <= h) {
                 mine.push((x, 0, u64::MAX));
                 continue;
             }
-            let a = if x == cur {
-                l.budget(cur, now, count)
-            } else {
-                let upper = |y: u64| {
-                    let claimed = claimed_before
-                        .iter()
-                        .find(|(s, _)| *s == y)
-                        .map_or(0, |(_, u)| *u);
-                    count(y).saturating_add(claimed)
-                };
-                l.budget(x, boundary_next, upper)
+            // The budget, with unreachable members charged their ghosts (`count`) or not
+            // (`known`).
+            let budget = |counted: &dyn Fn(u64) -> u64| {
+                if x == cur {
+                    l.budget(cur, now, counted)
+                } else {
+                    let upper = |y: u64| {
+                        let claimed = claimed_before
+                            .iter()
+                            .find(|(s, _)| *s == y)
+                            .map_or(0, |(_, u)| *u);
+                        counted(y).saturating_add(claimed)
+                    };
+                    l.budget(x, boundary_next, upper)
+                }
             };
+            let a = budget(&count);
             let mut helds: Vec<u64> = (0..reachable.len()).map(|j| held_in(j, x)).collect();
-            // Starters (design §3.3.1): a node whose frame says its last instant was
-            // consistent with every participant reachable may hold a starter of a key found
-            // idle, up to a share of the limit, spent before its boundary or since. Once the
-            // frames show the key used (a count in the slot) and nothing that rules starters
-            // out (no room held in the slot, no count past a starter's size), each such node is
+            // The key's own use, without the ghosts of members out of reach: a key only they
+            // are charged for is idle (no targets, and starters may open on it).
+            let a_known = if hold_from.is_none() {
+                a
+            } else {
+                budget(&|y| slots.total(y))
+            };
+            // Starters (design §3.3.1): a node whose frame says its last instant opened them
+            // (consistent, with every participant reachable or holding with the participants
+            // of the last all-reachable instant, §5) may hold a starter of a key found idle,
+            // up to a share of the limit, spent before its boundary or since. Once the frames
+            // show the key used (a count in the slot) and nothing that rules starters out (no
+            // room held in the slot, no count past a starter's size), each such node is
             // charged its whole starter as held room. Until a count shows, a starter runs on.
-            if x == cur && all_reachable {
+            // A slot this node holds frozen never gets here; one it allots is charged whether
+            // or not this node's own starters are open in it.
+            if x == cur {
                 // Only a slot with a count and no room held can be charged (the common cases
-                // cost no lookup), and only if every count the budget reads is a
+                // cost no lookup), and only if every count the budget reads is a reachable
                 // participant's in this slot, each within its starter.
-                used_in_cur = a > 0;
+                used_in_cur = a_known > 0;
                 let started = used_in_cur
                     && helds.iter().all(|&h| h == 0)
-                    && a == slots.total(cur)
+                    && a_known == slots.total(cur)
                     && reachable.iter().try_fold(0u64, |sum, &i| {
                         let size = parts[i].open.map_or(0, |n| c / u64::from(n.max(1)));
                         let count = slots.count(cur, parts[i].actor);
                         (count <= size).then_some(sum + count)
-                    }) == Some(a);
+                    }) == Some(a_known);
                 if started {
                     for (j, &i) in reachable.iter().enumerate() {
                         if let Some(n) = parts[i].open {
@@ -2431,14 +2486,14 @@ impl Global {
             let held_total: u64 = helds.iter().copied().fold(0, u64::saturating_add);
             let total = c.saturating_sub(a);
             let free = total.saturating_sub(held_total);
-            in_use |= a > 0 || held_total > 0;
+            in_use |= a_known > 0 || held_total > 0;
             // Targets, while the slot is in use (counts, demand or room held; an idle slot's
             // holdings all go back, so the key can be forgotten): the escrow, the room below
             // (1 − m)·C, evenly, so that every participant admits its share at once wherever
             // the demand was; the rest by demand weight. Room held keeps a slot in use: a
             // slot leased ahead (with the previous slot's holdings counted against it) is not
             // handed back at its start only to be leased again a round later.
-            let active = a > 0 || in_demand || held_total > 0;
+            let active = a_known > 0 || in_demand || held_total > 0;
             let mut targets: Vec<u64> = if active {
                 let even = escrow(c, a) / reachable.len().max(1) as u64;
                 let rest = total - even * reachable.len() as u64;
@@ -2510,14 +2565,16 @@ impl Global {
             if !g.starter {
                 continue;
             }
-            if charged && g.slot == cur && all_reachable {
+            if charged && g.slot == cur {
                 // Its count and the room it holds now are what the others charge it (less,
                 // if the participants changed since it was allowed).
                 let charged_claim = slots.count(cur, &self.me).saturating_add(helds_me);
                 g.allowance = g.allowance.min(charged_claim).max(g.used);
                 g.starter = false;
                 my_extra = 0;
-            } else if g.opened < round_now && (!all_reachable || g.slot != cur || used_in_cur) {
+            } else if g.opened < round_now
+                && (!self.starters_in(l, cur) || g.slot != cur || used_in_cur)
+            {
                 g.end_starter();
             }
         }

@@ -120,6 +120,41 @@ fn a_partition_under_hold_never_admits_more_than_the_limit_and_heals_without_los
 }
 
 #[test]
+fn under_hold_a_new_key_is_admitted_at_once_in_windows_opened_since_the_cut() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
+        sim.advance(300 * MS);
+        sim.partition(&[2]);
+        sim.advance(600 * MS);
+        assert_eq!(sim.node(0).suspected(), vec!["node-2"]);
+        assert_eq!(sim.node(2).suspected(), vec!["node-0", "node-1"]);
+        // The window open at the cut is held as it was (design §5); from the next one on,
+        // each side opens starters in the windows it splits by head count.
+        sim.advance(2 * SECOND - sim.now % SECOND);
+        for w in 0..4 {
+            sim.advance(150 * MS);
+            let key = format!("fresh-{w}");
+            // A user's first burst, on both sides of the cut: admitted at once.
+            for i in [0, 1, 2] {
+                for c in 0..5 {
+                    let d = sim.check(i, "api", &key, 1);
+                    assert!(
+                        d.allowed(),
+                        "seed {seed} window {w} node {i} check {c}: {d:?}"
+                    );
+                }
+            }
+            // Then flat out everywhere: both sides together stay within the limit.
+            sim.load("api", &key, &[900, 900, 900], 800 * MS);
+            sim.advance(SECOND - sim.now % SECOND);
+        }
+        for (w, n) in sim.per_window() {
+            assert!(n <= 100, "seed {seed} window {w}: {n}");
+        }
+    }
+}
+
+#[test]
 fn split_lets_each_side_use_the_whole_limit_once_the_other_is_dead() {
     let params = Params {
         on_partition: OnPartition::Split,
