@@ -162,6 +162,11 @@ pub struct RoundFrame {
     /// reachable, so it may hold *starters* of keys that instant found idle (each a share of
     /// the limit over `n`); the receivers' next instant charges them to it (design §3.3.1).
     pub open: Option<u32>,
+    /// The sender's *base eras*, oldest first, at most two: `(from, n)` says that in every
+    /// slot whose first instant is at or after round `from` (until the next era) the sender
+    /// holds `⌊C'/n⌋` of every key it publishes no holding for (design §3.3.1, bases). A
+    /// slot before the first era is one it has no base in.
+    pub eras: Vec<(u64, u32)>,
     /// `None`: `keys` lists every key the sender is active on. `Some(r)`: only the keys whose
     /// counts, demand or holdings changed in rounds `r..=round`, so a receiver that holds the
     /// sender's complete state through round `r - 1` is complete through `round` (a frame or
@@ -331,24 +336,29 @@ mod tests {
         (
             actor(),
             any::<u64>(),
-            (any::<u64>(), proptest::option::of(any::<u32>())),
+            (
+                any::<u64>(),
+                proptest::option::of(any::<u32>()),
+                proptest::collection::vec((any::<u64>(), any::<u32>()), 0..3),
+            ),
             proptest::option::of(any::<u64>()),
             (any::<u32>(), any::<u32>()),
             proptest::collection::vec(key, 0..6),
         )
-            .prop_map(|(from, round, (view, open), since, (part, parts), keys)| {
-                RoundFrame {
+            .prop_map(
+                |(from, round, (view, open, eras), since, (part, parts), keys)| RoundFrame {
                     from,
                     round,
                     view,
                     open,
+                    eras,
                     since,
                     part,
                     parts,
                     want_full: vec!["node-2".into()],
                     keys,
-                }
-            })
+                },
+            )
     }
 
     fn tree_sums() -> impl Strategy<Value = TreeSums> {

@@ -72,6 +72,8 @@ const WINDOW_FLOOR: u64 = 20;
 /// §3.3.1). A check is admitted at once while the key's count stays below `(1 − m)·C` and the
 /// node's round stays within its even share of that room.
 pub const ESCROW_MARGIN: u64 = 20;
+/// The base eras a node keeps and publishes: a slot older than both is one it has no base in.
+const MAX_ERAS: usize = 2;
 /// The demand-independent part of a bucket share: 1/100 spread evenly (design §3.5).
 const BUCKET_FLOOR: u64 = 100;
 
@@ -553,7 +555,10 @@ impl GKey {
                 LState::Window(w) => {
                     w.own.is_empty()
                         && w.others.iter().all(|(_, n)| *n == 0)
-                        && w.grants.iter().all(|g| g.used == 0 && g.allowance == 0)
+                        // Any lease kept, even an empty one: in a slot this node has a base
+                        // in, an empty lease is a base given back, which forgetting the key
+                        // would take again.
+                        && w.grants.is_empty()
                 }
                 LState::Bucket(b) => {
                     b.returned == 0
@@ -592,6 +597,8 @@ struct Peer {
     views: BTreeMap<u64, u64>,
     /// What each applied round's frame said of the peer's starters (`RoundFrame::open`).
     opens: BTreeMap<u64, Option<u32>>,
+    /// The base eras its last applied frame published (`RoundFrame::eras`).
+    eras: Vec<(u64, u32)>,
     /// Rounds missed in a row.
     missed: u32,
     suspected: bool,
@@ -628,6 +635,7 @@ impl Peer {
             applied: None,
             views: BTreeMap::new(),
             opens: BTreeMap::new(),
+            eras: Vec::new(),
             missed: 0,
             suspected: false,
             reports: (0..rules).map(|_| HashMap::default()).collect(),
@@ -719,6 +727,10 @@ struct RoundState {
     my_views: BTreeMap<u64, u64>,
     /// What this node's frame of each recent round said of its starters (`RoundFrame::open`).
     my_opens: BTreeMap<u64, Option<u32>>,
+    /// This node's base eras (`RoundFrame::eras`, design §3.3.1): none until its first
+    /// instant with every participant's frame in; then one more each time the number of
+    /// participants changes, from the round it changes in. At most [`MAX_ERAS`].
+    my_eras: Vec<(u64, u32)>,
     /// The participants of the last fully consistent instant, in the order of every
     /// [`HoldRecord`].
     hold_nodes: Vec<Actor>,
@@ -765,6 +777,13 @@ pub struct Global {
     /// participants of the last all-reachable instant (design §5); `u64::MAX`: none.
     /// Stored before the phase, so a check that reads the phase first never sees it staler.
     starters_from: AtomicU64,
+    /// Starters open only in slots nobody has a base in: those whose first instant is before
+    /// this round (the earliest era any participant published; `u64::MAX`: nobody has one).
+    based_from: AtomicU64,
+    /// This node's last two base eras ([`RoundState::my_eras`]), packed by [`pack_era`] for
+    /// the check path: the latest and the one before (`u64::MAX`: none).
+    era_latest: AtomicU64,
+    era_prev: AtomicU64,
     /// Participants (this node included) at the last instant.
     participants: AtomicU64,
     /// Instants processed so far (for callers waiting for the next lease).
@@ -851,6 +870,7 @@ impl Global {
                 instant: None,
                 my_views: BTreeMap::new(),
                 my_opens: BTreeMap::new(),
+                my_eras: Vec::new(),
                 hold_nodes: Vec::new(),
                 stats: Stats::default(),
                 view_changed: true,
@@ -870,6 +890,9 @@ impl Global {
             by_name,
             phase: AtomicU64::new(0),
             starters_from: AtomicU64::new(u64::MAX),
+            based_from: AtomicU64::new(u64::MAX),
+            era_latest: AtomicU64::new(u64::MAX),
+            era_prev: AtomicU64::new(u64::MAX),
             participants: AtomicU64::new(1),
             instants: AtomicU64::new(0),
             joined: std::sync::atomic::AtomicBool::new(true),
@@ -934,10 +957,56 @@ impl Global {
     }
 
     /// Whether the last instant opened starters in slot `x` of `l` (see
-    /// [`Global::starters_from`]). Read after the phase.
+    /// [`Global::starters_from`]): only where nobody has a base. Read after the phase.
     fn starters_in(&self, l: &GLimit, x: u64) -> bool {
         let from = self.starters_from.load(Ordering::Acquire);
-        from != u64::MAX && self.first_instant(l, x) >= from
+        let first = self.first_instant(l, x);
+        from != u64::MAX && first >= from && first < self.based_from.load(Ordering::Acquire)
+    }
+
+    /// This node's base in slot `x` of the windowed limit `l` (design §3.3.1, bases): what it
+    /// holds of every key it has published no holding for, from its last two eras.
+    fn my_base(&self, l: &GLimit, x: u64) -> u64 {
+        let first = self.first_instant(l, x);
+        for era in [&self.era_latest, &self.era_prev] {
+            let packed = era.load(Ordering::SeqCst);
+            if packed == u64::MAX {
+                return 0;
+            }
+            if packed >> ERA_N_BITS <= first {
+                return base_units(l.limit.limit(), packed & ((1 << ERA_N_BITS) - 1));
+            }
+        }
+        0
+    }
+
+    /// Replaces this node's eras and publishes them to the check path.
+    fn set_eras(&self, st: &mut RoundState, eras: Vec<(u64, u32)>) {
+        st.my_eras = eras;
+        let len = st.my_eras.len();
+        // The older first: a check that reads the latest era after it changed reads the
+        // previous one as it now is.
+        self.era_prev.store(
+            pack_era(len.checked_sub(2).map(|i| st.my_eras[i])),
+            Ordering::SeqCst,
+        );
+        self.era_latest
+            .store(pack_era(st.my_eras.last().copied()), Ordering::SeqCst);
+    }
+
+    /// From round `from` on, this node's base is a share over `n` participants (a new era,
+    /// if that changes it).
+    fn push_era(&self, st: &mut RoundState, from: u64, n: u64) {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        if st.my_eras.last().is_some_and(|&(_, m)| m == n) {
+            return;
+        }
+        let mut eras = std::mem::take(&mut st.my_eras);
+        eras.push((from, n));
+        if eras.len() > MAX_ERAS {
+            eras.remove(0);
+        }
+        self.set_eras(st, eras);
     }
 
     fn lock(&self) -> MutexGuard<'_, RoundState> {
@@ -981,7 +1050,9 @@ impl Global {
             |k| k.is_fresh(r, now, n),
             |k| {
                 let (index, decision) = self.decide(r, k, cost, max_wait, now, phase, n);
-                charge(r, k, &decision, cost, now, n, phase.round);
+                charge(r, k, &decision, cost, now, n, phase.round, &|l, x| {
+                    self.my_base(l, x)
+                });
                 (index, decision)
             },
         )
@@ -1081,8 +1152,12 @@ impl Global {
             decision.remaining = remaining;
             return decision;
         }
+        let base = self.my_base(l, s);
         let spendable = match w.grants.iter().find(|g| g.slot == s) {
-            Some(g) if !g.is_empty() => g.spendable(),
+            // Room held as published (granted, or given back down to this), or a starter.
+            Some(g) if base > 0 || !g.is_empty() => g.spendable(),
+            // The base: what this node holds of every key it published no holding for.
+            None if base > 0 => base.saturating_sub(l.budget(s, now, |x| w.own_in(x))),
             _ if used == 0 && starter_allowed(known, phase) && self.starters_in(l, s) => {
                 starter(l, participants)
             }
@@ -1501,6 +1576,12 @@ impl Global {
             .collect();
         let boundary_time = n * self.params.round;
         let default = default_share(self.participants.load(Ordering::Relaxed));
+        // A node with a base moves to a new era when its participants change: the slots
+        // first allotted from this round on are split over the new count (design §3.3.1).
+        if !st.my_eras.is_empty() {
+            let participants = 1 + st.peers.values().filter(|p| self.participates(p)).count();
+            self.push_era(st, n, participants as u64);
+        }
         // Dormant keys whose slots move now are listed again.
         let due = {
             let later = st.wakes.split_off(&(n + 1));
@@ -1549,6 +1630,7 @@ impl Global {
                     w.others.retain(|(slot, _)| *slot >= oldest);
                     w.grants.retain(|g| g.slot >= cur);
                     let mut held = Vec::new();
+                    let c = l.limit.limit();
                     for g in &mut w.grants {
                         // A starter runs on to the next instant, which charges it to this
                         // node (or ends it); it is no held room to publish.
@@ -1562,7 +1644,9 @@ impl Global {
                             left = left.min(g.target);
                         }
                         g.allowance = g.used.saturating_add(left);
-                        if left > 0 {
+                        // Nothing held is published too where this node has a base: what it
+                        // does not publish, it holds its base of.
+                        if left > 0 || base_of(&st.my_eras, c, self.first_instant(l, g.slot)) > 0 {
                             held.push((g.slot, left));
                         }
                     }
@@ -1661,6 +1745,7 @@ impl Global {
                     round: n,
                     view,
                     open,
+                    eras: st.my_eras.clone(),
                     since,
                     part: part as u32,
                     parts,
@@ -1703,6 +1788,7 @@ impl Global {
             round,
             view,
             open,
+            eras: first.eras.clone(),
             since,
             part: 0,
             parts: first.parts,
@@ -1715,6 +1801,7 @@ impl Global {
                 && f.since == since
                 && f.view == view
                 && f.open == open
+                && f.eras == header.eras
         });
         if !agree || p.applied.is_some_and(|a| a >= round) {
             return;
@@ -1751,6 +1838,9 @@ impl Global {
         while p.opens.len() > 4 {
             p.opens.pop_first();
         }
+        // Only the last eras count (a longer list is not this version's).
+        let skip = frame.eras.len().saturating_sub(MAX_ERAS);
+        p.eras = frame.eras[skip..].to_vec();
         p.returned.iter_mut().for_each(HashMap::clear);
         p.returned_round = frame.round;
         let members = (peers.len() + 1) as u64;
@@ -1811,12 +1901,13 @@ impl Global {
                     stats.own_dots_refused += counters.refused() - before;
                 }
                 // Room held: at most the limit, in the current or the next slot (a closed
-                // slot's holding is moot).
+                // slot's holding is moot). None held is kept too: in a slot where the sender
+                // has a base, it says the base was given back.
                 let mut held = Vec::with_capacity(lr.held.len());
                 for &(slot, units) in &lr.held {
                     if slot > cur + 1 || units > l.limit.limit() {
                         bad = true;
-                    } else if slot >= cur && units > 0 {
+                    } else if slot >= cur {
                         held.push((slot, units));
                     }
                 }
@@ -1941,6 +2032,28 @@ impl Global {
         st.excluded.retain(|a| !now_in.contains(a));
         let regrown = self.params.on_partition == OnPartition::Split && back;
         st.participated = now_in;
+        // Bases (design §3.3.1): a side that regrows gives up its bases with the rest of what
+        // it holds (the other side held the same room); a node takes its first era at its
+        // first instant with every participant's frame in, for the slots first allotted after
+        // it: by then every participant counts it, since each one's frame of this round named
+        // it in its view.
+        if regrown {
+            self.set_eras(st, Vec::new());
+        }
+        if consistent && all_reachable && st.my_eras.is_empty() {
+            self.push_era(st, n + 1, participants);
+        }
+        let based_from = std::iter::once(st.my_eras.first())
+            .chain(
+                st.peers
+                    .values()
+                    .filter(|p| self.participates(p))
+                    .map(|p| p.eras.first()),
+            )
+            .map(|e| e.map_or(u64::MAX, |&(from, _)| from))
+            .min()
+            .unwrap_or(u64::MAX);
+        self.based_from.store(based_from, Ordering::Release);
         if consistent {
             st.stats.consistent_rounds += 1;
         } else {
@@ -2386,17 +2499,37 @@ impl Global {
                     .map_or(&[][..], Vec::as_slice),
             })
             .collect();
-        let held_in = |j: usize, x: u64| -> u64 {
-            held_lists[j]
-                .iter()
-                .find(|(s, _)| *s == x)
-                .map_or(0, |(_, u)| *u)
+        let explicit_in = |j: usize, x: u64| -> Option<u64> {
+            held_lists[j].iter().find(|(s, _)| *s == x).map(|(_, u)| *u)
         };
+        // Bases (design §3.3.1): a participant that published no holding for a slot holds
+        // its base there, less what its own counts take of the budget.
+        let eras: Vec<&[(u64, u32)]> = reachable
+            .iter()
+            .map(|&i| {
+                parts[i]
+                    .peer
+                    .map_or(st.my_eras.as_slice(), |p| p.eras.as_slice())
+            })
+            .collect();
+        let base_in = |j: usize, x: u64| base_of(eras[j], c, self.first_instant(l, x));
+        let implicit_in = |j: usize, x: u64| -> u64 {
+            let base = base_in(j, x);
+            if base == 0 {
+                return 0;
+            }
+            let t = if x == cur { now } else { boundary_next };
+            let actor = parts[reachable[j]].actor;
+            base.saturating_sub(l.budget(x, t, |y| slots.count(y, actor)))
+        };
+        let held_in =
+            |j: usize, x: u64| -> u64 { explicit_in(j, x).unwrap_or_else(|| implicit_in(j, x)) };
         let weights = lease_weights(&reachable.iter().map(|&i| demands[i]).collect::<Vec<_>>());
         let den: u128 = weights.iter().sum::<u128>().max(1);
         let in_demand = demands.iter().any(|&d| d > 0);
-        // This instant's grants and targets for this node, per slot.
-        let mut mine: Vec<(u64, u64, u64)> = Vec::with_capacity(2);
+        // This instant's grants and targets for this node, per slot, and whether it turns its
+        // base there into a lease (it is granted more, or holds more than its target).
+        let mut mine: Vec<(u64, u64, u64, bool)> = Vec::with_capacity(2);
         let mut claims = None;
         // The earlier slots' holdings and grants, for a later slot's budget.
         let mut claimed_before: Vec<(u64, u64)> = Vec::new();
@@ -2420,7 +2553,7 @@ impl Global {
             // side began to hold gets nothing more (the other side may have allotted its
             // room); it is served from what is held. Later slots are split evenly.
             if hold_from.is_some_and(|h| self.first_instant(l, x) <= h) {
-                mine.push((x, 0, u64::MAX));
+                mine.push((x, 0, u64::MAX, false));
                 continue;
             }
             // The budget, with unreachable members charged their ghosts (`count`) or not
@@ -2457,12 +2590,18 @@ impl Global {
             // charged its whole starter as held room. Until a count shows, a starter runs on.
             // A slot this node holds frozen never gets here; one it allots is charged whether
             // or not this node's own starters are open in it.
+            let based = (0..reachable.len()).any(|j| base_in(j, x) > 0);
+            let explicit_total: u64 = (0..reachable.len())
+                .filter_map(|j| explicit_in(j, x))
+                .fold(0, u64::saturating_add);
             if x == cur {
                 // Only a slot with a count and no room held can be charged (the common cases
                 // cost no lookup), and only if every count the budget reads is a reachable
-                // participant's in this slot, each within its starter.
+                // participant's in this slot, each within its starter. Starters open only
+                // where nobody has a base.
                 used_in_cur = a_known > 0;
                 let started = used_in_cur
+                    && !based
                     && helds.iter().all(|&h| h == 0)
                     && a_known == slots.total(cur)
                     && reachable.iter().try_fold(0u64, |sum, &i| {
@@ -2486,14 +2625,15 @@ impl Global {
             let held_total: u64 = helds.iter().copied().fold(0, u64::saturating_add);
             let total = c.saturating_sub(a);
             let free = total.saturating_sub(held_total);
-            in_use |= a_known > 0 || held_total > 0;
+            // Bases alone do not make a key used: one nobody uses holds its bases as they are.
+            in_use |= a_known > 0 || explicit_total > 0;
             // Targets, while the slot is in use (counts, demand or room held; an idle slot's
             // holdings all go back, so the key can be forgotten): the escrow, the room below
             // (1 − m)·C, evenly, so that every participant admits its share at once wherever
             // the demand was; the rest by demand weight. Room held keeps a slot in use: a
             // slot leased ahead (with the previous slot's holdings counted against it) is not
             // handed back at its start only to be leased again a round later.
-            let active = a_known > 0 || in_demand || held_total > 0;
+            let active = a_known > 0 || in_demand || explicit_total > 0;
             let mut targets: Vec<u64> = if active {
                 let even = escrow(c, a) / reachable.len().max(1) as u64;
                 let rest = total - even * reachable.len() as u64;
@@ -2555,8 +2695,23 @@ impl Global {
                         .collect(),
                 );
             }
-            // This node is parts[0], so first among the reachable.
-            mine.push((x, grants[0], targets[0]));
+            // This node is parts[0], so first among the reachable. Its base becomes a lease
+            // where it is granted more or holds more than its target (the next boundary gives
+            // the excess back); elsewhere it stays implicit, and unpublished. A sliding
+            // algorithm's slot leased ahead gives nothing back: its budget counts all that is
+            // held in the current slot as spent, so its targets are low until its own
+            // instants read the counts.
+            let ahead = x != cur && l.kind != Kind::Fixed;
+            let convert = active
+                && explicit_in(0, x).is_none()
+                && base_in(0, x) > 0
+                && (grants[0] > 0 || (!ahead && targets[0] < helds[0]));
+            let target = if !ahead || !convert {
+                targets[0]
+            } else {
+                u64::MAX
+            };
+            mine.push((x, grants[0], target, convert));
         }
         // This node's starters: charged, the one of the current slot becomes held room (what
         // it holds is what it was charged: its count plus that room is the starter); a starter
@@ -2591,11 +2746,27 @@ impl Global {
                 }),
             }
         }
-        for (x, grant, target) in mine {
+        for (x, grant, target, convert) in mine {
             match w.grants.iter_mut().find(|g| g.slot == x && !g.starter) {
                 Some(g) => {
                     g.allowance = g.allowance.saturating_add(grant);
                     g.target = target;
+                }
+                // What it holds of its base now (its live counts: what it admitted since the
+                // boundary came out of it), plus the grant.
+                None if convert => {
+                    let t = if x == cur { now } else { boundary_next };
+                    let base = base_of(&st.my_eras, c, self.first_instant(l, x));
+                    let used = w.own_in(x);
+                    let left = base.saturating_sub(l.budget(x, t, |y| w.own_in(y)));
+                    w.grants.push(Grant {
+                        slot: x,
+                        allowance: used.saturating_add(left).saturating_add(grant),
+                        used,
+                        target,
+                        starter: false,
+                        opened: 0,
+                    });
                 }
                 None if grant > 0 => w.grants.push(Grant {
                     slot: x,
@@ -2882,6 +3053,7 @@ fn starter_allowed(known: bool, phase: Phase) -> bool {
 
 /// Records a check's `decision` in the key: its cost as demand (unless it can never fit) and,
 /// if admitted, as an admission under every limit.
+#[allow(clippy::too_many_arguments)]
 fn charge(
     rule: &GRule,
     key: &mut GKey,
@@ -2890,6 +3062,7 @@ fn charge(
     now: Nanos,
     participants: u64,
     opened: u64,
+    base: &dyn Fn(&GLimit, u64) -> u64,
 ) {
     if cost == 0 {
         return;
@@ -2903,7 +3076,8 @@ fn charge(
     for (l, s) in rule.limits.iter().zip(key.limits.iter_mut()) {
         match s {
             LState::Window(w) => {
-                commit_window(l, w, cost, now, participants, opened);
+                let based = base(l, l.slot(now)) > 0;
+                commit_window(l, w, cost, now, participants, opened, based);
                 key.counts_dirty = true;
             }
             LState::Bucket(b) => {
@@ -2915,11 +3089,42 @@ fn charge(
     }
 }
 
+/// Bits of a packed era (see [`pack_era`]) that hold the participant count.
+const ERA_N_BITS: u32 = 20;
+
+/// An era packed into one word for the check path: `from << ERA_N_BITS | n`; `u64::MAX` for
+/// none (and for one that does not fit, which then counts as no base).
+fn pack_era(era: Option<(u64, u32)>) -> u64 {
+    match era {
+        Some((from, n)) if u64::from(n) < 1 << ERA_N_BITS && from < 1 << (64 - ERA_N_BITS) => {
+            (from << ERA_N_BITS) | u64::from(n)
+        }
+        _ => u64::MAX,
+    }
+}
+
+/// A base over `n` participants: an even split of the limit below the escrow margin,
+/// `⌊(C − ⌊C/20⌋)/n⌋` (design §3.3.1).
+fn base_units(c: u64, n: u64) -> u64 {
+    (c - c / ESCROW_MARGIN).checked_div(n).unwrap_or(0)
+}
+
+/// A node's base in a slot of a limit of `c` whose first instant is `first`, from the eras it
+/// published: the era the slot falls in; none before the first.
+fn base_of(eras: &[(u64, u32)], c: u64, first: u64) -> u64 {
+    eras.iter()
+        .rev()
+        .find(|(from, _)| *from <= first)
+        .map_or(0, |&(_, n)| base_units(c, u64::from(n)))
+}
+
 /// A starter's allowance: an even split of the limit among the participants.
 fn starter(l: &GLimit, participants: u64) -> u64 {
     l.limit.limit() / participants.max(1)
 }
 
+/// Counts an admission of `cost` now: against the lease of the current slot, a new starter,
+/// or (`based`, no lease) this node's base, which its own count alone tracks.
 fn commit_window(
     l: &GLimit,
     w: &mut WState,
@@ -2927,6 +3132,7 @@ fn commit_window(
     now: Nanos,
     participants: u64,
     opened: u64,
+    based: bool,
 ) {
     let s = l.slot(now);
     let starter = || Grant {
@@ -2938,10 +3144,12 @@ fn commit_window(
         opened,
     };
     match w.grants.iter_mut().find(|g| g.slot == s) {
-        // An instant that found the key idle left it an empty lease: a starter replaces it.
-        Some(g) if g.is_empty() => *g = starter(),
+        // An instant that found the key idle left it an empty lease: a starter replaces it
+        // (where there is no base; with one, an empty lease is a base given back).
+        Some(g) if g.is_empty() && !based => *g = starter(),
         Some(g) => g.used = g.used.saturating_add(cost),
-        // A starter (the only way to admit without a grant).
+        None if based => {}
+        // A starter (the only way to admit without a grant or a base).
         None => w.grants.push(starter()),
     }
     match w.own.iter_mut().find(|(slot, _)| *slot == s) {
