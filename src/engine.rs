@@ -38,27 +38,15 @@ use crate::reserve::{
 };
 use crate::store::{Full, Store};
 
-/// Holds a check [`Engine::lease_pause`] paused until the cluster's next instant has run
-/// (`instants` no longer reads `seen`), and at most a few milliseconds past `pause`, as
-/// [`Engine::lease_comes_early`] says: from the start, looking every millisecond, or after
-/// sleeping `pause`. Returns how long it held the check.
-pub async fn hold_for_lease(
-    clock: &dyn Clock,
-    instants: impl Fn() -> u64,
-    seen: u64,
-    pause: Nanos,
-    early: bool,
-) -> Nanos {
+/// Holds a check [`Engine::lease_pause`] paused until `done` (its lease is in:
+/// [`Engine::lease_in`]), looking every millisecond, for at most `pause` plus as long again
+/// and a few milliseconds (a round that runs late under load still lets it go admitted).
+/// Returns how long it held the check.
+pub async fn hold_for_lease(clock: &dyn Clock, done: impl Fn() -> bool, pause: Nanos) -> Nanos {
     let started = clock.now();
-    // The round task may run the instant a little late: a few milliseconds more.
-    let mut limit = 10 * crate::limiter::MILLISECOND;
-    if early {
-        limit += pause;
-    } else {
-        clock.sleep(pause).await;
-    }
+    let limit = 2 * pause + 10 * crate::limiter::MILLISECOND;
     let mut waited = 0;
-    while instants() == seen && waited < limit {
+    while !done() && waited < limit {
         clock.sleep(crate::limiter::MILLISECOND).await;
         waited += crate::limiter::MILLISECOND;
     }
@@ -577,21 +565,31 @@ impl Engine {
         (retry_after <= longest).then_some(retry_after)
     }
 
-    /// Whether a check [`Engine::lease_pause`] held may look again as soon as the next
-    /// instant has run: over the mesh an instant runs as soon as every frame of its round is
-    /// in, often long before the pause is up; over the tree a new key's room comes with the
-    /// grants of the round the pause names, not with the next one applied.
-    pub fn lease_comes_early(&self) -> bool {
-        matches!(self.global, Some(Exchange::Mesh(_)))
-    }
-
     /// Instants the cluster has processed (0 without a cluster; over the tree, complete
-    /// rounds applied): see [`Engine::lease_pause`].
+    /// rounds applied).
     pub fn instants(&self) -> u64 {
         match &self.global {
             None => 0,
             Some(Exchange::Mesh(global)) => global.instants(),
             Some(Exchange::Tree(_, keys)) => keys.complete_rounds(),
+        }
+    }
+
+    /// What a check paused now waits for ([`Engine::lease_in`]): over the mesh, the instants
+    /// seen so far (a new key gets its lease at the next one); over the tree, the round whose
+    /// boundary takes up the check (its grants carry the key's first room).
+    pub fn lease_mark(&self) -> u64 {
+        match &self.global {
+            Some(Exchange::Tree(_, keys)) => keys.next_boundary(),
+            _ => self.instants(),
+        }
+    }
+
+    /// Whether the lease a check paused at `mark` ([`Engine::lease_mark`]) waited for is in.
+    pub fn lease_in(&self, mark: u64) -> bool {
+        match &self.global {
+            Some(Exchange::Tree(_, keys)) => keys.granted_through(mark),
+            _ => self.instants() != mark,
         }
     }
 
@@ -1032,28 +1030,26 @@ mod tests {
         }
     }
 
-    /// A held check is let go at the instant after the one it saw, or at its bound, and says
-    /// how long it was held (the lease-wait metric counts it).
+    /// A held check is let go as soon as its lease is in, or at its bound (twice the pause
+    /// and 10 ms), and says how long it was held (the lease-wait metric counts it).
     #[tokio::test(start_paused = true)]
-    async fn hold_for_lease_lets_go_at_the_next_instant_or_its_bound() {
-        use std::sync::atomic::AtomicU64;
-        for (early, instant_at, held) in [
-            // Polled from the start: let go at the instant, 3 ms in.
-            (true, 3, 3),
-            // Asleep for the 5 ms pause first, then polled: the instant came at 3 ms.
-            (false, 3, 5),
-            // Asleep for the pause, the instant at 7 ms.
-            (false, 7, 7),
-            // No instant: the pause plus 10 ms.
-            (false, u64::MAX, 15),
+    async fn hold_for_lease_lets_go_when_the_lease_is_in_or_at_its_bound() {
+        use std::sync::atomic::AtomicBool;
+        for (lease_at, held) in [
+            // In at 3 ms: let go then.
+            (3, 3),
+            // Late, past the 5 ms pause: still let go when it comes.
+            (12, 12),
+            // Never: twice the pause plus 10 ms.
+            (u64::MAX, 20),
         ] {
             let clock = Arc::new(ManualClock::new(T0));
-            let instants = Arc::new(AtomicU64::new(4));
+            let lease = Arc::new(AtomicBool::new(false));
             let hold = {
-                let (clock, instants) = (clock.clone(), instants.clone());
+                let (clock, lease) = (clock.clone(), lease.clone());
                 tokio::spawn(async move {
-                    let read = || instants.load(Ordering::SeqCst);
-                    hold_for_lease(&*clock, read, 4, 5 * MILLISECOND, early).await
+                    let done = || lease.load(Ordering::SeqCst);
+                    hold_for_lease(&*clock, done, 5 * MILLISECOND).await
                 })
             };
             let mut ms = 0;
@@ -1062,17 +1058,13 @@ mod tests {
                 tokio::task::yield_now().await;
                 tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                 ms += 1;
-                if ms == instant_at {
-                    instants.store(5, Ordering::SeqCst);
+                if ms == lease_at {
+                    lease.store(true, Ordering::SeqCst);
                 }
                 clock.advance(MILLISECOND);
             }
             let waited = hold.await.expect("hold");
-            assert_eq!(
-                waited,
-                held * MILLISECOND,
-                "early {early}, instant at {instant_at} ms"
-            );
+            assert_eq!(waited, held * MILLISECOND, "lease at {lease_at} ms");
         }
     }
 
@@ -1371,7 +1363,7 @@ mod tests {
 
     /// Over the tree, a global rule's checks go to the tree and local rules stay local; a
     /// key's first check is held for the next round's grant (`lease_pause`), after which
-    /// `instants` has moved and the check is admitted; a reload may not touch global rules.
+    /// its lease is in and the check is admitted; a reload may not touch global rules.
     #[test]
     fn a_tree_engine_routes_global_rules_and_pauses_a_new_key_for_its_grant() {
         let clock = Arc::new(ManualClock::new(T0));
@@ -1424,10 +1416,14 @@ mod tests {
             pause,
             crate::cluster::lock(&tree).keys().grant_wait(clock.now())
         );
-        let seen = e.instants();
+        let mark = e.lease_mark();
+        assert!(!e.lease_in(mark));
         clock.advance(round / 2);
         crate::cluster::lock(&tree).tick(clock.now());
-        assert_ne!(e.instants(), seen, "a complete round is an instant");
+        assert!(
+            e.lease_in(mark),
+            "the grants of the round that took the check up are in"
+        );
         let checked = e.check("w", "k", 1, 0).unwrap();
         assert_eq!(
             (checked.outcome, checked.decision.remaining),

@@ -592,11 +592,9 @@ where
     };
     let response = match decide(true)? {
         Ok(response) => response,
-        Err((pause, seen)) => {
-            let early = app.served().engine.lease_comes_early();
-            let instants = || app.served().engine.instants();
-            let held =
-                crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
+        Err((pause, mark)) => {
+            let done = || app.served().engine.lease_in(mark);
+            let held = crate::engine::hold_for_lease(&*app.clock, done, pause).await;
             app.metrics.lease_waited(held);
             match decide(false)? {
                 Ok(response) => response,
@@ -703,8 +701,8 @@ async fn status(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Respo
 enum Step {
     /// The response, and how long to hold it (shaping).
     Answer(Response<Full<Bytes>>, Nanos),
-    /// Wait this long for the cluster's next instant (seen so far: the count), then decide
-    /// again.
+    /// Wait up to this long for the lease ([`crate::engine::Engine::lease_mark`] when it
+    /// was decided), then decide again.
     Pause(Nanos, u64),
 }
 
@@ -720,11 +718,9 @@ async fn check(
     let step = decide(&app.served(), &request, true, mode)?;
     let (response, wait) = match step {
         Step::Answer(response, wait) => (response, wait),
-        Step::Pause(pause, seen) => {
-            let early = app.served().engine.lease_comes_early();
-            let instants = || app.served().engine.instants();
-            let held =
-                crate::engine::hold_for_lease(&*app.clock, instants, seen, pause, early).await;
+        Step::Pause(pause, mark) => {
+            let done = || app.served().engine.lease_in(mark);
+            let held = crate::engine::hold_for_lease(&*app.clock, done, pause).await;
             app.metrics.lease_waited(held);
             match decide(&app.served(), &request, false, mode)? {
                 Step::Answer(response, wait) => (response, wait),
@@ -761,7 +757,7 @@ fn decide(
     let checked = checked.map_err(|e| ApiError::UnknownRule(e.0))?;
     // Only a denial pauses, and a denial holds no reservation.
     if may_pause && let Some(pause) = engine.lease_pause(&checked, request.cost) {
-        return Ok(Step::Pause(pause, engine.instants()));
+        return Ok(Step::Pause(pause, engine.lease_mark()));
     }
     engine.count(&checked);
     let wait = match checked.decision.verdict {

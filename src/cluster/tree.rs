@@ -323,6 +323,9 @@ pub struct TreeKeys {
     next_round: AtomicU64,
     members: AtomicUsize,
     complete_rounds: AtomicU64,
+    /// One past the last complete round applied (0 before any): a check held for the grants
+    /// of round `n` is let go once this passes `n` ([`TreeKeys::granted_through`]).
+    applied_through: AtomicU64,
     /// The tree's `frozen_through` (or start freeze, the later): a check denied in a frozen
     /// slot is told to retry at the slot's end, not after the next round (no grant comes
     /// there).
@@ -451,6 +454,18 @@ impl TreeKeys {
     pub fn complete_rounds(&self) -> u64 {
         self.complete_rounds.load(Ordering::Relaxed)
     }
+
+    /// The round whose boundary takes up a check decided now: its grants are the first
+    /// that can carry room for a key new at this node.
+    pub fn next_boundary(&self) -> u64 {
+        self.next_round.load(Ordering::Relaxed)
+    }
+
+    /// Whether the grants of every round up to `n` that completed have been applied: one
+    /// past the last complete round applied is beyond `n`.
+    pub fn granted_through(&self, n: u64) -> bool {
+        self.applied_through.load(Ordering::Relaxed) > n
+    }
 }
 
 impl Tree {
@@ -485,6 +500,7 @@ impl Tree {
             next_round: AtomicU64::new(next_round),
             members: AtomicUsize::new(0),
             complete_rounds: AtomicU64::new(0),
+            applied_through: AtomicU64::new(0),
             frozen_through: AtomicU64::new(next_round),
         });
         // The slot of the longest rule open now: rounds from one before it starts could
@@ -1001,6 +1017,7 @@ impl Tree {
         self.keys
             .complete_rounds
             .store(self.stats.complete_rounds, Ordering::Relaxed);
+        self.keys.applied_through.store(n + 1, Ordering::Relaxed);
         // Every member's freeze is in the totals: a member that saw another leave (which
         // this node may not have, if it was away) keeps everyone from granting where the
         // one that left may hold room.

@@ -102,11 +102,9 @@ impl RlsService {
             Answer::Pause(pause) => {
                 // A clustered key new at this node gets its lease at the round's instant.
                 let clock = self.app.served().engine.shared_clock();
-                let seen = self.app.served().engine.instants();
-                let early = self.app.served().engine.lease_comes_early();
-                let instants = || self.app.served().engine.instants();
-                let held =
-                    crate::engine::hold_for_lease(&*clock, instants, seen, pause, early).await;
+                let mark = self.app.served().engine.lease_mark();
+                let done = || self.app.served().engine.lease_in(mark);
+                let held = crate::engine::hold_for_lease(&*clock, done, pause).await;
                 self.app.metrics.lease_waited(held);
                 let served = self.app.served();
                 match self
