@@ -431,6 +431,18 @@ impl Sim {
         w
     }
 
+    /// Admissions of `key` (fixed windows, while `track`) per slot by the admitting node's
+    /// clock, all nodes together.
+    pub fn key_windows(&self, key: &str) -> BTreeMap<u64, u64> {
+        let mut w = BTreeMap::new();
+        for (_, k, slot, cost) in &self.log {
+            if k == key {
+                *w.entry(*slot).or_default() += cost;
+            }
+        }
+        w
+    }
+
     /// Admissions so far.
     pub fn total(&self) -> u64 {
         self.admitted.values().sum()

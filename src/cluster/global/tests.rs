@@ -482,6 +482,118 @@ fn a_new_key_is_admitted_in_the_gap_and_waits_only_after_a_degraded_instant() {
     }
 }
 
+/// Every window after the first consistent instant is based (design §3.3.1): a key new at a
+/// node is admitted at once from the node's base even right after a degraded instant, and
+/// flat out everywhere the cluster still admits at most the limit.
+#[test]
+fn after_a_degraded_instant_a_new_key_is_admitted_at_once_from_the_base() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
+        sim.advance(2 * SECOND - sim.now % SECOND + 200 * MS);
+        sim.net.cut.insert((2, 0));
+        let to_boundary = DEFAULT_ROUND - sim.now % DEFAULT_ROUND;
+        sim.advance(to_boundary + DEFAULT_ROUND / 2 + 5 * MS);
+        sim.net.cut.clear();
+        // The base is ⌊(100 − 5)/3⌋ = 31: a user's first burst is far inside it.
+        for i in [0, 1, 2] {
+            for c in 0..5 {
+                let d = sim.check(i, "api", "late", 1);
+                assert!(d.allowed(), "seed {seed} node {i} check {c}: {d:?}");
+            }
+        }
+        sim.load("api", "late", &[900, 900, 900], 2 * SECOND);
+        for (w, n) in sim.key_windows("late") {
+            assert!(n <= 100, "seed {seed} window {w}: {n}");
+        }
+    }
+}
+
+/// Under `hold`, the window open at the cut keeps every base as it was (a base is held room):
+/// a key new at either side is admitted at once there too, and both sides together stay
+/// within the limit.
+#[test]
+fn under_hold_a_new_key_is_admitted_at_once_in_the_window_open_at_the_cut() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
+        sim.advance(2 * SECOND - sim.now % SECOND + 100 * MS);
+        sim.partition(&[2]);
+        sim.advance(600 * MS);
+        assert_eq!(sim.node(0).suspected(), vec!["node-2"]);
+        for i in [0, 1, 2] {
+            for c in 0..5 {
+                let d = sim.check(i, "api", "cut", 1);
+                assert!(d.allowed(), "seed {seed} node {i} check {c}: {d:?}");
+            }
+        }
+        sim.load("api", "cut", &[900, 900, 900], 1500 * MS);
+        for (w, n) in sim.key_windows("cut") {
+            assert!(n <= 100, "seed {seed} window {w}: {n}");
+        }
+    }
+}
+
+/// A restarted node has no base in a window first allotted before its first all-reachable
+/// instant (its old incarnation may hold one there): a key new at it waits for a grant,
+/// while the others admit theirs at once; from the next window on it is based too. Flat out
+/// everywhere, no window goes over.
+#[test]
+fn a_restarted_node_has_no_base_in_the_window_it_came_back_in() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
+        sim.advance(2 * SECOND - sim.now % SECOND + 100 * MS);
+        sim.load("api", "old", &[0, 0, 900], 100 * MS);
+        sim.crash(2);
+        sim.advance(50 * MS);
+        sim.restart(2);
+        sim.advance(400 * MS);
+        assert!(sim.node(0).suspected().is_empty(), "seed {seed}");
+        assert!(sim.check(0, "api", "new", 1).allowed(), "seed {seed}");
+        let d = sim.check(2, "api", "new", 1);
+        assert!(
+            !d.allowed(),
+            "seed {seed}: a base in the window it came back in: {d:?}"
+        );
+        sim.load("api", "new", &[900, 900, 900], 300 * MS);
+        sim.advance(SECOND - sim.now % SECOND + 200 * MS);
+        for c in 0..5 {
+            let d = sim.check(2, "api", "next", 1);
+            assert!(d.allowed(), "seed {seed} check {c}: {d:?}");
+        }
+        sim.load("api", "next", &[900, 900, 900], SECOND);
+        for key in ["old", "new", "next"] {
+            for (w, n) in sim.key_windows(key) {
+                assert!(n <= 100, "seed {seed} {key} window {w}: {n}");
+            }
+        }
+    }
+}
+
+/// A hot key at one node takes the others' bases (they publish them given back, as 0), and a
+/// key given back is not forgotten while its window is open: a late burst at a node that gave
+/// its base away waits for room instead of taking the base again.
+#[test]
+fn a_base_given_back_is_not_taken_again() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
+        sim.advance(2 * SECOND - sim.now % SECOND);
+        let w = sim.now / SECOND + 1;
+        sim.load("api", "hot", &[0, 900, 0], 2 * SECOND + 700 * MS);
+        // Alone, it takes all but the escrow margin (5%).
+        let hot = sim.key_windows("hot").get(&w).copied().unwrap_or(0);
+        assert!(hot >= 95, "seed {seed}: the hot node admitted {hot} of 100");
+        // A full boundary (which forgets fresh keys) between, then bursts at the others.
+        sim.advance(150 * MS);
+        for _ in 0..40 {
+            sim.check(0, "api", "hot", 1);
+            sim.check(2, "api", "hot", 1);
+        }
+        sim.load("api", "hot", &[900, 900, 900], 2 * SECOND);
+        for (w, n) in sim.key_windows("hot") {
+            assert!(n <= 100, "seed {seed} window {w}: {n}");
+        }
+    }
+}
+
 mod hostile {
     use proptest::prelude::*;
 
