@@ -26,7 +26,8 @@ use crate::counter::{Actor, Delta, Digest};
 /// a bucket limit's report carries the share the sender holds (`share`) and the tokens it
 /// gave back (`returned`). Version 5: the aggregation tree's sums carry `vouch`, and a
 /// leaving tree node hands its counts to a carrier ([`Message::TreeHandoff`],
-/// [`Message::TreeCarried`]).
+/// [`Message::TreeCarried`]). Version 6: a round frame says whether its sender may hold
+/// starters (`open`) and carries its base eras (`eras`).
 pub const WIRE_VERSION: u8 = 6;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot

@@ -981,16 +981,32 @@ fn quiet_scenario_config(
     judge: impl FnOnce(&Quiet),
 ) {
     let config = format!("{cluster}\n{TIERS}");
+    // QUIET_BASED=1 starts the load in the minute after the cluster formed, as in a cluster
+    // that has been up a while (a measurement: it adds up to a minute per run).
+    let based = std::env::var_os("QUIET_BASED").is_some();
     scenario_config(
         tag,
         3,
         3,
         &config,
-        Duration::from_secs(60),
+        Duration::from_secs(if based { 130 } else { 60 }),
         |mut lab| async move {
             wait_formed(tag, &lab, Duration::from_secs(15)).await;
             // Let the first rounds settle, as a cluster that has been up a while would be.
             sleep(Duration::from_secs(1)).await;
+            if based {
+                // Past the minute window open when the cluster formed: every node is based
+                // in the next one (design §3.3.1).
+                let unix = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .expect("the clock is past 1970");
+                let into = unix.as_millis() % 60_000;
+                sleep(Duration::from_millis((61_000 - into) as u64)).await;
+                eprintln!(
+                    "[{tag}] waited {} ms for the next minute window",
+                    61_000 - into
+                );
+            }
             if let QuietFault::Loss(loss) = fault {
                 let table = "gossamer_loss";
                 let rules = format!(
