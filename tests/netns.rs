@@ -997,15 +997,10 @@ fn quiet_scenario_config(
             if based {
                 // Past the minute window open when the cluster formed: every node is based
                 // in the next one (design §3.3.1).
-                let unix = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .expect("the clock is past 1970");
-                let into = unix.as_millis() % 60_000;
-                sleep(Duration::from_millis((61_000 - into) as u64)).await;
-                eprintln!(
-                    "[{tag}] waited {} ms for the next minute window",
-                    61_000 - into
-                );
+                let into = lab.wall.ms(Instant::now()).rem_euclid(60_000.0);
+                let wait = Duration::from_secs_f64((61_000.0 - into) / 1e3);
+                sleep(wait).await;
+                eprintln!("[{tag}] waited {wait:?} for the next minute window");
             }
             if let QuietFault::Loss(loss) = fault {
                 let table = "gossamer_loss";
