@@ -65,7 +65,7 @@ pub enum Step<'e> {
     Done(bool, Vec<ItemResult<'e>>),
     /// An item is a clustered key this node holds no lease for yet (see
     /// [`Engine::lease_pause`]): wait this long, then decide again without pausing. The
-    /// second value is [`Engine::lease_mark`] when the pause was decided.
+    /// second value is what the lease will be in by ([`Engine::lease_in`]).
     Pause(Nanos, u64),
 }
 
@@ -92,8 +92,10 @@ pub fn check_all<'e>(items: &[Item<'e, '_>], may_pause: bool) -> Result<Step<'e>
                 continue;
             }
             let checked = engine.check_uncounted(item.rule, item.key, item.cost, 0)?;
-            if may_pause && let Some(pause) = engine.lease_pause(&checked, item.cost) {
-                return Ok(Step::Pause(pause, engine.lease_mark()));
+            if may_pause
+                && let Some((pause, mark)) = engine.lease_pause(&checked, item.key, item.cost)
+            {
+                return Ok(Step::Pause(pause, mark));
             }
             engine.count(&checked);
             admitted = checked.outcome == Outcome::Allowed;
@@ -130,8 +132,8 @@ pub fn check_all<'e>(items: &[Item<'e, '_>], may_pause: bool) -> Result<Step<'e>
         }
         let denied = denial(status, item.cost);
         let engine = item.engine;
-        if may_pause && let Some(pause) = engine.lease_pause(&denied, item.cost) {
-            return Ok(Step::Pause(pause, engine.lease_mark()));
+        if may_pause && let Some((pause, mark)) = engine.lease_pause(&denied, item.key, item.cost) {
+            return Ok(Step::Pause(pause, mark));
         }
         fits = false;
         predicted.push(ItemResult {

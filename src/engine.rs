@@ -545,11 +545,14 @@ impl Engine {
         }
     }
 
-    /// How long to hold a check that a clustered rule denied only because this node holds no
-    /// lease for the key yet (a new key in the few milliseconds between a round's boundary
-    /// and its instant, docs/design.md §3.3.1): the wait until the instant, when the key gets
-    /// its lease. `None` for every other decision.
-    pub fn lease_pause(&self, checked: &Checked<'_>, cost: u64) -> Option<Nanos> {
+    /// How long to hold a check of `key` that a clustered rule denied only because this node
+    /// holds no lease for the key yet, and what its lease will be in by
+    /// ([`Engine::lease_in`]): a key in the few milliseconds between a round's boundary and
+    /// its instant (docs/design.md §3.3.1), one in a window this node holds no room of it in
+    /// ([`Global::first_lease`]: a node back from a restart, in the window it came back in),
+    /// or over the tree a key new at this node (the next round's grants). `None` for every
+    /// other decision.
+    pub fn lease_pause(&self, checked: &Checked<'_>, key: &str, cost: u64) -> Option<(Nanos, u64)> {
         let counted = checked.rule.global.as_ref()?;
         let Verdict::Deny { retry_after } = checked.decision.verdict else {
             return None;
@@ -557,12 +560,17 @@ impl Engine {
         if checked.outcome != Outcome::Denied || checked.decision.remaining < cost {
             return None;
         }
-        let longest = match counted {
-            Counted::Mesh(global, _) => global.params().settle + crate::limiter::MILLISECOND,
+        match counted {
+            Counted::Mesh(global, rule) => {
+                if retry_after <= global.params().settle + crate::limiter::MILLISECOND {
+                    return Some((retry_after, global.instants() + 1));
+                }
+                global.first_lease(*rule, checked.limit_index, key, self.clock.now())
+            }
             // A key new at this node gets its first room from the next round's grants.
-            Counted::Tree(keys) => keys.longest_grant_wait(),
-        };
-        (retry_after <= longest).then_some(retry_after)
+            Counted::Tree(keys) => (retry_after <= keys.longest_grant_wait())
+                .then(|| (retry_after, keys.next_boundary())),
+        }
     }
 
     /// Instants the cluster has processed (0 without a cluster; over the tree, complete
@@ -575,21 +583,13 @@ impl Engine {
         }
     }
 
-    /// What a check paused now waits for ([`Engine::lease_in`]): over the mesh, the instants
-    /// seen so far (a new key gets its lease at the next one); over the tree, the round whose
-    /// boundary takes up the check (its grants carry the key's first room).
-    pub fn lease_mark(&self) -> u64 {
-        match &self.global {
-            Some(Exchange::Tree(_, keys)) => keys.next_boundary(),
-            _ => self.instants(),
-        }
-    }
-
-    /// Whether the lease a check paused at `mark` ([`Engine::lease_mark`]) waited for is in.
+    /// Whether the lease a check paused at `mark` ([`Engine::lease_pause`]) waited for is in:
+    /// over the mesh, the instant it named has run; over the tree, the grants of the round
+    /// that took the check up are in.
     pub fn lease_in(&self, mark: u64) -> bool {
         match &self.global {
             Some(Exchange::Tree(_, keys)) => keys.granted_through(mark),
-            _ => self.instants() != mark,
+            _ => self.instants() >= mark,
         }
     }
 
@@ -1409,14 +1409,13 @@ mod tests {
         clock.advance(round / 2);
         let checked = e.check_uncounted("w", "k", 1, 0).unwrap();
         assert_eq!(checked.outcome, Outcome::Denied);
-        let pause = e
-            .lease_pause(&checked, 1)
+        let (pause, mark) = e
+            .lease_pause(&checked, "k", 1)
             .expect("a new key waits for its grant");
         assert_eq!(
             pause,
             crate::cluster::lock(&tree).keys().grant_wait(clock.now())
         );
-        let mark = e.lease_mark();
         assert!(!e.lease_in(mark));
         clock.advance(round / 2);
         crate::cluster::lock(&tree).tick(clock.now());
@@ -1434,7 +1433,7 @@ mod tests {
         // A denial for want of room is not held.
         let never = e.check_uncounted("w", "k", 11, 0).unwrap();
         assert_eq!(
-            (never.outcome, e.lease_pause(&never, 11)),
+            (never.outcome, e.lease_pause(&never, "k", 11)),
             (Outcome::Never, None)
         );
         assert_eq!(e.check("l", "k", 1, 0).unwrap().outcome, Outcome::Allowed);

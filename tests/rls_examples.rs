@@ -65,7 +65,7 @@ impl Service {
         };
         match self.rls.decide(&self.engine, &request, false).unwrap() {
             Answer::Response(r) => r,
-            Answer::Pause(_) => panic!("a single node never pauses"),
+            Answer::Pause(..) => panic!("a single node never pauses"),
         }
     }
 

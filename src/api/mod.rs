@@ -701,8 +701,8 @@ async fn status(State(app): State<Arc<App>>, RawQuery(query): RawQuery) -> Respo
 enum Step {
     /// The response, and how long to hold it (shaping).
     Answer(Response<Full<Bytes>>, Nanos),
-    /// Wait up to this long for the lease ([`crate::engine::Engine::lease_mark`] when it
-    /// was decided), then decide again.
+    /// Wait up to this long for the lease (in by this mark:
+    /// [`crate::engine::Engine::lease_in`]), then decide again.
     Pause(Nanos, u64),
 }
 
@@ -756,8 +756,8 @@ fn decide(
     };
     let checked = checked.map_err(|e| ApiError::UnknownRule(e.0))?;
     // Only a denial pauses, and a denial holds no reservation.
-    if may_pause && let Some(pause) = engine.lease_pause(&checked, request.cost) {
-        return Ok(Step::Pause(pause, engine.lease_mark()));
+    if may_pause && let Some((pause, mark)) = engine.lease_pause(&checked, key, request.cost) {
+        return Ok(Step::Pause(pause, mark));
     }
     engine.count(&checked);
     let wait = match checked.decision.verdict {

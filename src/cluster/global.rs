@@ -27,7 +27,7 @@
 //! It never waits on the network.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crdts::Dot;
@@ -777,6 +777,9 @@ pub struct Global {
     /// participants of the last all-reachable instant (design §5); `u64::MAX`: none.
     /// Stored before the phase, so a check that reads the phase first never sees it staler.
     starters_from: AtomicU64,
+    /// Whether the last instant held for a partition (`RoundState::hold_from` set): no
+    /// grant comes in the slots open then, so a check is not held for one.
+    holding: AtomicBool,
     /// Starters open only in slots nobody has a base in: those whose first instant is before
     /// this round (the earliest era any participant published; `u64::MAX`: nobody has one).
     based_from: AtomicU64,
@@ -890,6 +893,7 @@ impl Global {
             by_name,
             phase: AtomicU64::new(0),
             starters_from: AtomicU64::new(u64::MAX),
+            holding: AtomicBool::new(false),
             based_from: AtomicU64::new(u64::MAX),
             era_latest: AtomicU64::new(u64::MAX),
             era_prev: AtomicU64::new(u64::MAX),
@@ -922,6 +926,57 @@ impl Global {
     /// one after the last boundary that ran.
     pub fn next_publication(&self) -> u64 {
         self.lock().boundary.map_or(0, |b| b + 1)
+    }
+
+    /// Whether a check of `key` under global rule `rule`, just denied at `now` by its limit
+    /// `limit` with room left in the cluster, waits only for this node's first room of the key
+    /// in the current slot: a window in which it holds nothing (no lease, no base: a node
+    /// back from a restart, in the window it came back in; a starter an instant did not
+    /// open). Then `(wait, instants)`: the instant that brings the room (the next one for a
+    /// key in use elsewhere or before the next boundary, which publishes the check's demand;
+    /// else the one after), as [`Global::instants`] will count it, and how long until it is
+    /// due. `None` where the node holds room of the key there (spent: more follows demand, a
+    /// round or more later), for buckets, and while holding for a partition (no grant comes
+    /// in the slots open then).
+    pub fn first_lease(
+        &self,
+        rule: usize,
+        limit: usize,
+        key: &str,
+        now: Nanos,
+    ) -> Option<(Nanos, u64)> {
+        let phase = self.phase();
+        let instants = self.instants();
+        if self.holding.load(Ordering::Acquire) {
+            return None;
+        }
+        let r = self.rules.get(rule)?;
+        let l = r.limits.get(limit)?;
+        let s = l.slot(now);
+        if self.my_base(l, s) > 0 {
+            return None;
+        }
+        let known = r.store.read(key, |k| match k {
+            None => Some(false),
+            Some(k) => match k.limits.get(limit)? {
+                LState::Window(w) if w.grants.iter().any(|g| g.slot == s && !g.is_empty()) => None,
+                LState::Window(_) => Some(k.known),
+                LState::Bucket(_) => None,
+            },
+        })?;
+        let t = self.params.round;
+        let start = now - now % t;
+        let due = if phase.open {
+            start + t + self.params.settle
+        } else {
+            (start + self.params.settle).max(now + MILLISECOND)
+        };
+        let (due, instants) = if phase.open || known {
+            (due, instants + 1)
+        } else {
+            (due + t, instants + 2)
+        };
+        Some((due - now, instants))
     }
 
     /// The protocol parameters.
@@ -2007,6 +2062,8 @@ impl Global {
         } else if suspicion_changed || st.hold_from.is_none() {
             st.hold_from = Some(n);
         }
+        self.holding
+            .store(st.hold_from.is_some(), Ordering::Release);
         st.returns = all_reachable;
         let participants = 1 + st.peers.values().filter(|p| self.participates(p)).count() as u64;
         self.participants.store(participants, Ordering::Relaxed);

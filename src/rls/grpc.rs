@@ -99,10 +99,9 @@ impl RlsService {
         };
         match first.map_err(refused)? {
             Answer::Response(r) => Ok(r),
-            Answer::Pause(pause) => {
+            Answer::Pause(pause, mark) => {
                 // A clustered key new at this node gets its lease at the round's instant.
                 let clock = self.app.served().engine.shared_clock();
-                let mark = self.app.served().engine.lease_mark();
                 let done = || self.app.served().engine.lease_in(mark);
                 let held = crate::engine::hold_for_lease(&*clock, done, pause).await;
                 self.app.metrics.lease_waited(held);
@@ -113,7 +112,7 @@ impl RlsService {
                     .map_err(refused)?
                 {
                     Answer::Response(r) => Ok(r),
-                    Answer::Pause(_) => Err(unavailable("could not decide".to_owned())),
+                    Answer::Pause(..) => Err(unavailable("could not decide".to_owned())),
                 }
             }
         }

@@ -120,8 +120,9 @@ fn invalid<T>(message: String) -> Result<T, Refused> {
 pub enum Answer {
     /// The response.
     Response(RateLimitResponse),
-    /// Wait this long for a clustered key's first lease, then decide again (without pausing).
-    Pause(Nanos),
+    /// Wait this long for a clustered key's first lease (in by this mark:
+    /// [`crate::engine::Engine::lease_in`]), then decide again (without pausing).
+    Pause(Nanos, u64),
 }
 
 impl Rls {
@@ -252,7 +253,7 @@ impl Rls {
         }
         let items: Vec<Item<'_, '_>> = group.iter().map(|(_, item)| *item).collect();
         let admitted = match run(&items, may_pause)? {
-            Ran::Pause(p) => return Ok(Answer::Pause(p)),
+            Ran::Pause(p, mark) => return Ok(Answer::Pause(p, mark)),
             Ran::Done(ok, decided) => {
                 for ((i, _), r) in group.iter().zip(decided) {
                     denied[*i] |= r.fate == Fate::Denied;
@@ -278,7 +279,7 @@ impl Rls {
                 cost,
             };
             match run(&[item], may_pause)? {
-                Ran::Pause(p) => return Ok(Answer::Pause(p)),
+                Ran::Pause(p, mark) => return Ok(Answer::Pause(p, mark)),
                 Ran::Done(_, mut r) => {
                     let r = r.remove(0);
                     denied[i] = r.fate == Fate::Denied;
@@ -383,7 +384,7 @@ impl Rls {
 
 enum Ran<'e> {
     Done(bool, Vec<batch::ItemResult<'e>>),
-    Pause(Nanos),
+    Pause(Nanos, u64),
 }
 
 fn run<'e>(items: &[Item<'e, '_>], may_pause: bool) -> Result<Ran<'e>, Refused> {
@@ -392,7 +393,7 @@ fn run<'e>(items: &[Item<'e, '_>], may_pause: bool) -> Result<Ran<'e>, Refused> 
     }
     match batch::check_all(items, may_pause) {
         Ok(batch::Step::Done(ok, r)) => Ok(Ran::Done(ok, r)),
-        Ok(batch::Step::Pause(p, _)) => Ok(Ran::Pause(p)),
+        Ok(batch::Step::Pause(p, mark)) => Ok(Ran::Pause(p, mark)),
         // The rules and the table are swapped apart on reload: a rule may be gone for an
         // instant. The caller answers UNAVAILABLE, which Envoy treats as any failure.
         Err(e) => Err(Refused::Unavailable(format!(

@@ -553,6 +553,23 @@ fn a_restarted_node_has_no_base_in_the_window_it_came_back_in() {
             !d.allowed(),
             "seed {seed}: a base in the window it came back in: {d:?}"
         );
+        // The check is held, not refused (`Engine::lease_pause`): the instant that the node
+        // names brings its first room of the key.
+        let (wait, instants) = sim
+            .node(2)
+            .first_lease(0, 0, "new", sim.clock(2))
+            .expect("a node without room of the key waits for its first lease");
+        assert!(wait <= 2 * DEFAULT_ROUND + DEFAULT_SETTLE, "seed {seed}: {wait}");
+        let mut ms = 0;
+        while sim.node(2).instants() < instants {
+            sim.advance(MS);
+            ms += 1;
+            assert!(ms <= 300, "seed {seed}: no instant {ms} ms on");
+        }
+        let d = sim.check(2, "api", "new", 1);
+        assert!(d.allowed(), "seed {seed}: {d:?} after {ms} ms");
+        // Once it holds room, a denial is not held for a first lease.
+        assert!(sim.node(2).first_lease(0, 0, "new", sim.clock(2)).is_none());
         sim.load("api", "new", &[900, 900, 900], 300 * MS);
         sim.advance(SECOND - sim.now % SECOND + 200 * MS);
         for c in 0..5 {
