@@ -559,7 +559,10 @@ fn a_restarted_node_has_no_base_in_the_window_it_came_back_in() {
             .node(2)
             .first_lease(0, 0, "new", sim.clock(2))
             .expect("a node without room of the key waits for its first lease");
-        assert!(wait <= 2 * DEFAULT_ROUND + DEFAULT_SETTLE, "seed {seed}: {wait}");
+        assert!(
+            wait <= 2 * DEFAULT_ROUND + DEFAULT_SETTLE,
+            "seed {seed}: {wait}"
+        );
         let mut ms = 0;
         while sim.node(2).instants() < instants {
             sim.advance(MS);
