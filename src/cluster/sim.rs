@@ -198,6 +198,16 @@ impl Sim {
         }
     }
 
+    /// Whether the cluster is whole: every node running and joined, no link cut, nothing
+    /// lost, and no node suspecting another (the false-denial invariant's condition).
+    pub fn whole(&self) -> bool {
+        self.net.loss == 0
+            && self.net.cut.is_empty()
+            && (0..self.nodes.len()).all(|i| {
+                self.running(i) && self.node(i).joined() && self.node(i).suspected().is_empty()
+            })
+    }
+
     /// Node `i`'s clock.
     pub fn clock(&self, i: usize) -> Nanos {
         self.now.saturating_add_signed(self.skew[i])
@@ -625,6 +635,15 @@ pub struct Outcome {
     pub lost: u64,
     /// The token bucket's admissions over the run.
     pub bucket_admitted: u64,
+    /// Checks made while the cluster was whole (every node running and joined, no link
+    /// cut or lossy, nobody suspected) that the false-denial invariant says must be admitted
+    /// at once ([`judge`], design §3.3.3), and how many of those were denied: reported, not
+    /// yet an invariant a run breaks. `[fixed window, token bucket]`.
+    pub must_admit: [u64; 2],
+    /// Of [`Outcome::must_admit`], the checks denied.
+    pub false_denials: [u64; 2],
+    /// The judge's line and its first few false denials.
+    pub judged: Vec<String>,
     /// The most any interval τ of the run admitted on the token bucket beyond
     /// `burst + rate·τ` (under `split`, times the sides, for intervals a splitting fault
     /// overlaps; design §5); negative if always below.
@@ -687,6 +706,9 @@ impl Outcome {
             self.converged_after.map(|t| t / MS),
             self.bytes_per_node_second
         );
+        for line in &self.judged {
+            let _ = writeln!(s, "  false denials (cluster whole): {line}");
+        }
         for v in &self.violations {
             let _ = writeln!(s, "  VIOLATION: {v}");
         }
@@ -818,6 +840,10 @@ pub fn run(setup: &Setup) -> Outcome {
     // The bucket's admissions per ms of true time.
     let mut bucket_admitted: BTreeMap<u64, u64> = BTreeMap::new();
     let mut suspected: Vec<HashSet<String>> = vec![HashSet::new(); n];
+    let mut judges = [
+        judge::Judge::new(&sim.rules, params.round),
+        judge::Judge::new(&sim.rules, params.round),
+    ];
     while sim.now < end {
         while next < plan.len() && start + plan[next].0 <= sim.now {
             let fault = &plan[next].1;
@@ -848,18 +874,21 @@ pub fn run(setup: &Setup) -> Outcome {
         }
         for _ in 0..10 {
             sim.advance(MS);
+            let whole = sim.whole();
             for (i, &p) in per_mille.iter().enumerate() {
                 for key in KEYS {
                     if sim.running(i) && sim.random() % 1000 < p {
                         *offered.entry((key, sim.now / SECOND)).or_default() += 1;
-                        sim.check(i, RULE, key, 1);
+                        let d = sim.check(i, RULE, key, 1);
+                        judges[0].check(RULE, key, i, n, sim.clock(i), 1, &d, whole);
                     }
                 }
-                if sim.running(i)
-                    && sim.random() % 1000 < p
-                    && sim.check(i, BUCKET_RULE, BUCKET_KEY, 1).allowed()
-                {
-                    *bucket_admitted.entry(sim.now / MS).or_default() += 1;
+                if sim.running(i) && sim.random() % 1000 < p {
+                    let d = sim.check(i, BUCKET_RULE, BUCKET_KEY, 1);
+                    judges[1].check(BUCKET_RULE, BUCKET_KEY, i, n, sim.clock(i), 1, &d, whole);
+                    if d.allowed() {
+                        *bucket_admitted.entry(sim.now / MS).or_default() += 1;
+                    }
                 }
             }
         }
@@ -899,6 +928,18 @@ pub fn run(setup: &Setup) -> Outcome {
             .push(format!("no agreement 3 s after the load stopped: {why}"));
     }
     outcome.ideal = offered.values().map(|&o| o.min(LIMIT)).sum();
+    for (i, (name, judge)) in ["fixed window", "token bucket"]
+        .iter()
+        .zip(&judges)
+        .enumerate()
+    {
+        outcome.must_admit[i] = judge.must_admit;
+        outcome.false_denials[i] = judge.false_denials;
+        outcome.judged.push(format!("{name}: {}", judge.line()));
+        outcome
+            .judged
+            .extend(judge.examples.iter().take(3).cloned());
+    }
     let newest = sim.now / SECOND;
     for ((actor, rule, key, slot), &truth) in &sim.truth {
         if *slot + 1 < newest {
@@ -943,6 +984,10 @@ pub struct Summary {
     pub converged: Vec<Nanos>,
     /// The token bucket's worst interval over `burst + rate·τ`, over every run.
     pub bucket_excess: Option<i64>,
+    /// [`Outcome::must_admit`], summed.
+    pub must_admit: [u64; 2],
+    /// [`Outcome::false_denials`], summed.
+    pub false_denials: [u64; 2],
 }
 
 impl Summary {
@@ -958,7 +1003,7 @@ impl Summary {
     pub fn line(&self, took: std::time::Duration) -> String {
         let pct = |q| self.converged_ms(q);
         format!(
-            "{} seeds in {:.0} s: {} broke an invariant; admitted {:.1}% of ideal; worst window {} over the limit (within its allowance unless failed); token bucket's worst interval {:+} over burst + rate × τ; {} lost; agreement after the load stopped: median {} ms, p99 {} ms, max {} ms",
+            "{} seeds in {:.0} s: {} broke an invariant; admitted {:.1}% of ideal; worst window {} over the limit (within its allowance unless failed); token bucket's worst interval {:+} over burst + rate × τ; {} lost; agreement after the load stopped: median {} ms, p99 {} ms, max {} ms; checks far from the limit with the cluster whole that were denied (design §3.3.3, reported, not an invariant yet): fixed window {} of {} ({:.2}%), token bucket {} of {} ({:.2}%)",
             self.runs,
             took.as_secs_f64(),
             self.failures.len(),
@@ -968,7 +1013,13 @@ impl Summary {
             self.lost,
             pct(50),
             pct(99),
-            pct(100)
+            pct(100),
+            self.false_denials[0],
+            self.must_admit[0],
+            100.0 * self.false_denials[0] as f64 / self.must_admit[0].max(1) as f64,
+            self.false_denials[1],
+            self.must_admit[1],
+            100.0 * self.false_denials[1] as f64 / self.must_admit[1].max(1) as f64
         )
     }
 }
@@ -993,6 +1044,10 @@ pub fn explore(
         s.admitted += outcome.admitted;
         s.ideal += outcome.ideal;
         s.lost += outcome.lost;
+        for i in 0..2 {
+            s.must_admit[i] += outcome.must_admit[i];
+            s.false_denials[i] += outcome.false_denials[i];
+        }
         s.converged.extend(outcome.converged_after);
         if !outcome.violations.is_empty() {
             s.failures.push(outcome.describe(&setup));
