@@ -482,6 +482,21 @@ fn a_new_key_is_admitted_in_the_gap_and_waits_only_after_a_degraded_instant() {
     }
 }
 
+/// A user's first burst of 5 on `key` at each of three nodes, every check admitted at once;
+/// then `dur` flat out everywhere, and no window of `key` over the limit of 100.
+fn first_bursts_then_flat_out(sim: &mut Sim, seed: u64, key: &str, dur: Nanos) {
+    for i in [0, 1, 2] {
+        for c in 0..5 {
+            let d = sim.check(i, "api", key, 1);
+            assert!(d.allowed(), "seed {seed} node {i} check {c}: {d:?}");
+        }
+    }
+    sim.load("api", key, &[900, 900, 900], dur);
+    for (w, n) in sim.key_windows(key) {
+        assert!(n <= 100, "seed {seed} window {w}: {n}");
+    }
+}
+
 /// Every window after the first consistent instant is based (design §3.3.1): a key new at a
 /// node is admitted at once from the node's base even right after a degraded instant, and
 /// flat out everywhere the cluster still admits at most the limit.
@@ -495,16 +510,7 @@ fn after_a_degraded_instant_a_new_key_is_admitted_at_once_from_the_base() {
         sim.advance(to_boundary + DEFAULT_ROUND / 2 + 5 * MS);
         sim.net.cut.clear();
         // The base is ⌊(100 − 5)/3⌋ = 31: a user's first burst is far inside it.
-        for i in [0, 1, 2] {
-            for c in 0..5 {
-                let d = sim.check(i, "api", "late", 1);
-                assert!(d.allowed(), "seed {seed} node {i} check {c}: {d:?}");
-            }
-        }
-        sim.load("api", "late", &[900, 900, 900], 2 * SECOND);
-        for (w, n) in sim.key_windows("late") {
-            assert!(n <= 100, "seed {seed} window {w}: {n}");
-        }
+        first_bursts_then_flat_out(&mut sim, seed, "late", 2 * SECOND);
     }
 }
 
@@ -519,16 +525,7 @@ fn under_hold_a_new_key_is_admitted_at_once_in_the_window_open_at_the_cut() {
         sim.partition(&[2]);
         sim.advance(600 * MS);
         assert_eq!(sim.node(0).suspected(), vec!["node-2"]);
-        for i in [0, 1, 2] {
-            for c in 0..5 {
-                let d = sim.check(i, "api", "cut", 1);
-                assert!(d.allowed(), "seed {seed} node {i} check {c}: {d:?}");
-            }
-        }
-        sim.load("api", "cut", &[900, 900, 900], 1500 * MS);
-        for (w, n) in sim.key_windows("cut") {
-            assert!(n <= 100, "seed {seed} window {w}: {n}");
-        }
+        first_bursts_then_flat_out(&mut sim, seed, "cut", 1500 * MS);
     }
 }
 
