@@ -936,8 +936,8 @@ impl Global {
     /// key in use elsewhere or before the next boundary, which publishes the check's demand;
     /// else the one after), as [`Global::instants`] will count it, and how long until it is
     /// due. `None` where the node holds room of the key there (spent: more follows demand, a
-    /// round or more later), for buckets, and while holding for a partition (no grant comes
-    /// in the slots open then).
+    /// round or more later), for buckets, while holding for a partition (no grant comes in
+    /// the slots open then), and before the node has joined.
     pub fn first_lease(
         &self,
         rule: usize,
@@ -947,7 +947,8 @@ impl Global {
     ) -> Option<(Nanos, u64)> {
         let phase = self.phase();
         let instants = self.instants();
-        if self.holding.load(Ordering::Acquire) {
+        // Not joined yet (still pulling the cluster's counts): no instant of it allots room.
+        if self.holding.load(Ordering::Acquire) || !self.joined() {
             return None;
         }
         let r = self.rules.get(rule)?;

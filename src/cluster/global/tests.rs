@@ -542,6 +542,9 @@ fn a_restarted_node_has_no_base_in_the_window_it_came_back_in() {
         sim.crash(2);
         sim.advance(50 * MS);
         sim.restart(2);
+        // Still pulling the cluster's counts: no instant of it allots room, nothing is held.
+        assert!(!sim.node(2).joined());
+        assert!(sim.node(2).first_lease(0, 0, "new", sim.clock(2)).is_none());
         sim.advance(400 * MS);
         assert!(sim.node(0).suspected().is_empty(), "seed {seed}");
         assert!(sim.check(0, "api", "new", 1).allowed(), "seed {seed}");
