@@ -2571,14 +2571,16 @@ impl Global {
             })
             .collect();
         let base_in = |j: usize, x: u64| base_of(eras[j], c, self.first_instant(l, x));
+        // When a slot's budget is read: now for the current slot, the next boundary for one
+        // leased ahead.
+        let read_at = |x: u64| if x == cur { now } else { boundary_next };
         let implicit_in = |j: usize, x: u64| -> u64 {
             let base = base_in(j, x);
             if base == 0 {
                 return 0;
             }
-            let t = if x == cur { now } else { boundary_next };
             let actor = parts[reachable[j]].actor;
-            base.saturating_sub(l.budget(x, t, |y| slots.count(y, actor)))
+            base.saturating_sub(l.budget(x, read_at(x), |y| slots.count(y, actor)))
         };
         let held_in =
             |j: usize, x: u64| -> u64 { explicit_in(j, x).unwrap_or_else(|| implicit_in(j, x)) };
@@ -2813,10 +2815,9 @@ impl Global {
                 // What it holds of its base now (its live counts: what it admitted since the
                 // boundary came out of it), plus the grant.
                 None if convert => {
-                    let t = if x == cur { now } else { boundary_next };
-                    let base = base_of(&st.my_eras, c, self.first_instant(l, x));
                     let used = w.own_in(x);
-                    let left = base.saturating_sub(l.budget(x, t, |y| w.own_in(y)));
+                    let left =
+                        base_in(0, x).saturating_sub(l.budget(x, read_at(x), |y| w.own_in(y)));
                     w.grants.push(Grant {
                         slot: x,
                         allowance: used.saturating_add(left).saturating_add(grant),
