@@ -1024,13 +1024,18 @@ impl Global {
     /// holds of every key it has published no holding for, from its last two eras.
     fn my_base(&self, l: &GLimit, x: u64) -> u64 {
         let first = self.first_instant(l, x);
+        let c = l.limit.limit();
+        // The era the slot falls in, and no more than any later era's (a base shrinks in the
+        // open slots when the participants grow: design §3.3.1).
+        let mut base = u64::MAX;
         for era in [&self.era_latest, &self.era_prev] {
             let packed = era.load(Ordering::SeqCst);
             if packed == u64::MAX {
                 return 0;
             }
+            base = base.min(base_units(c, packed & ((1 << ERA_N_BITS) - 1)));
             if packed >> ERA_N_BITS <= first {
-                return base_units(l.limit.limit(), packed & ((1 << ERA_N_BITS) - 1));
+                return base;
             }
         }
         0
@@ -3169,12 +3174,18 @@ fn base_units(c: u64, n: u64) -> u64 {
 }
 
 /// A node's base in a slot of a limit of `c` whose first instant is `first`, from the eras it
-/// published: the era the slot falls in; none before the first.
+/// published: the era the slot falls in, and no more than any later era's (when the
+/// participants grow, a base shrinks in the slots already open too, as a return would: the
+/// room goes to the newcomers); none before the first era.
 fn base_of(eras: &[(u64, u32)], c: u64, first: u64) -> u64 {
-    eras.iter()
-        .rev()
-        .find(|(from, _)| *from <= first)
-        .map_or(0, |&(_, n)| base_units(c, u64::from(n)))
+    let mut base = u64::MAX;
+    for &(from, n) in eras.iter().rev() {
+        base = base.min(base_units(c, u64::from(n)));
+        if from <= first {
+            return base;
+        }
+    }
+    0
 }
 
 /// A starter's allowance: an even split of the limit among the participants.

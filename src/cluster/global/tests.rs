@@ -1291,3 +1291,19 @@ fn hundred_nodes_share_a_limit() {
         );
     }
 }
+
+/// A base is the era the slot falls in, never more than a later era's: when the participants
+/// grow (a cluster of one is joined), the first node's base of the whole limit shrinks in the
+/// slots already open, so the newcomers can be granted room there; when they shrink, an open
+/// slot's base stays as it was.
+#[test]
+fn a_base_shrinks_in_open_slots_when_the_participants_grow() {
+    // C = 100, C' = 95: one participant 95, three 31, two 47.
+    let grew = [(10, 1), (20, 3)];
+    assert_eq!(base_of(&grew, 100, 5), 0, "before the first era");
+    assert_eq!(base_of(&grew, 100, 15), 31);
+    assert_eq!(base_of(&grew, 100, 25), 31);
+    let shrank = [(10, 3), (20, 2)];
+    assert_eq!(base_of(&shrank, 100, 15), 31);
+    assert_eq!(base_of(&shrank, 100, 25), 47);
+}
