@@ -27,7 +27,8 @@ use crate::counter::{Actor, Delta, Digest};
 /// gave back (`returned`). Version 5: the aggregation tree's sums carry `vouch`, and a
 /// leaving tree node hands its counts to a carrier ([`Message::TreeHandoff`],
 /// [`Message::TreeCarried`]). Version 6: a round frame says whether its sender may hold
-/// starters (`open`) and carries its base eras (`eras`).
+/// starters (`open`) and carries its base eras (`eras`), and a bucket limit's report the
+/// share of the burst its sender holds (`burst`).
 pub const WIRE_VERSION: u8 = 6;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
@@ -199,7 +200,7 @@ pub struct KeyReport {
 }
 
 /// One limit's inputs in a [`KeyReport`]. A windowed limit sends `counts` and `held`; a
-/// bucket limit sends `returned` and `share`.
+/// bucket limit sends `returned`, `share` and `burst`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitReport {
     /// The sender's own absolute admitted count in each open slot, `(slot, count)`.
@@ -212,9 +213,12 @@ pub struct LimitReport {
     /// shrank below its level), in units of `1 / SHARE_ONE` token, for the consistent
     /// nodes to take up in proportion to their shares at this round's instant (design §3.5).
     pub returned: u64,
-    /// Bucket limits: the share of the rate and burst the sender holds, out of `SHARE_ONE`;
-    /// 0 when it holds the default, one over the number of participants (design §3.5).
+    /// Bucket limits: the share of the rate the sender holds, out of `SHARE_ONE`; 0 when
+    /// it holds the default, one over the number of participants (design §3.5).
     pub share: u64,
+    /// Bucket limits: the share of the burst (its bucket's capacity) the sender holds, as
+    /// `share`.
+    pub burst: u64,
 }
 
 /// Why a frame could not be encoded or decoded.
@@ -315,12 +319,14 @@ mod tests {
             proptest::collection::vec((any::<u64>(), any::<u64>()), 0..3),
             any::<u64>(),
             any::<u64>(),
+            any::<u64>(),
         )
-            .prop_map(|(counts, held, returned, share)| LimitReport {
+            .prop_map(|(counts, held, returned, share, burst)| LimitReport {
                 counts,
                 held,
                 returned,
                 share,
+                burst,
             });
         let key = (
             "[a-z]{0,8}",

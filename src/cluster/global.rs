@@ -390,17 +390,21 @@ struct BState {
     level: i128,
     /// When `level` was last brought up to date.
     at: Nanos,
-    /// This node's share of the rate and capacity, out of [`SHARE_ONE`]: held, like a
-    /// window's room (design §3.5). It moves only at an instant with every participant's
-    /// frame in: it grows there, into the share no frame says is held, and shrinks from the
-    /// next boundary, whose frame publishes it.
+    /// This node's share of the rate, out of [`SHARE_ONE`]: held, like a window's room
+    /// (design §3.5). It moves only at an instant with every participant's frame in: it
+    /// grows there, into the share no frame says is held, and shrinks from the next
+    /// boundary, whose frame publishes it. It follows demand.
     share: u64,
-    /// Tokens clipped since the last frame (the share shrank below the level), in units of
-    /// `1 / SHARE_ONE` token: the next frame gives them back.
+    /// This node's share of the burst (its bucket's capacity), held as `share` is. It is
+    /// an escrow: all but `1/ESCROW_MARGIN` of the burst is split evenly, so a burst at any
+    /// node finds its part of the tokens there, whichever node was busy before.
+    burst: u64,
+    /// Tokens clipped since the last frame (the capacity shrank below the level), in units
+    /// of `1 / SHARE_ONE` token: the next frame gives them back.
     returned: u64,
-    /// A smaller share decided at the last instant, held from the next boundary on (until
-    /// then this node keeps using the share its last frame published). 0: none.
-    shrink_to: u64,
+    /// Smaller shares (rate, burst) decided at the last instant, held from the next boundary
+    /// on (until then this node keeps using the shares its last frame published). 0: none.
+    shrink_to: (u64, u64),
     /// What the frame of round `.0` gave back (`.1`, as `returned`): the nodes with every
     /// participant's frame in take it up at that round's instant, by their targets.
     published: (u64, u64),
@@ -414,7 +418,7 @@ impl BState {
     fn cap(&self, limit: &Limit) -> i128 {
         let unit = i128::from(limit.period()) * i128::from(SHARE_ONE);
         let share_cap =
-            i128::from(limit.burst()) * i128::from(self.share) * i128::from(limit.period());
+            i128::from(limit.burst()) * i128::from(self.burst) * i128::from(limit.period());
         share_cap.max(unit)
     }
 
@@ -425,14 +429,15 @@ impl BState {
             .min(self.cap(limit))
     }
 
-    /// An instant with every participant's frame in: the share becomes `share`; tokens
-    /// above the new capacity are clipped and set aside to be given back; then this node
-    /// takes up `taken` (`1 / SHARE_ONE` token units) of what the participants gave back in
-    /// this round's frames, up to its capacity (design §3.5).
-    fn reshare(&mut self, limit: &Limit, share: u64, taken: u64, now: Nanos) {
+    /// An instant with every participant's frame in: the shares become `(rate, burst)`;
+    /// tokens above the new capacity are clipped and set aside to be given back; then this
+    /// node takes up `taken` (`1 / SHARE_ONE` token units) of what the participants gave
+    /// back in this round's frames, up to its capacity (design §3.5).
+    fn reshare(&mut self, limit: &Limit, (rate, burst): (u64, u64), taken: u64, now: Nanos) {
         let period = i128::from(limit.period());
         let level = self.level_at(limit, now);
-        self.share = share;
+        self.share = rate;
+        self.burst = burst;
         let cap = self.cap(limit);
         let clipped = u64::try_from((level - cap).max(0) / period).unwrap_or(u64::MAX);
         self.returned = self.returned.saturating_add(clipped);
@@ -441,20 +446,42 @@ impl BState {
         self.at = self.at.max(now);
     }
 
-    /// An instant with every participant's frame in: the new share from the demands and the
-    /// shares `held` (this node first, see [`held_share`]), and this node's part of `pool`,
-    /// the tokens given back in this round's frames.
-    fn move_share(&mut self, limit: &Limit, demands: &[u64], held: &[u64], pool: u64, now: Nanos) {
-        // Each takes up its target's part of the tokens given back: the targets sum to at
-        // most one, so together at most the pool.
-        let (share, target) = held_share(demands, held);
+    /// An instant with every participant's frame in: the new shares from the demands and
+    /// the shares `held`, `(rate, burst)` per participant (this node first, see
+    /// [`held_share`]), and this node's part of `pool`, the tokens given back in this
+    /// round's frames.
+    fn move_share(
+        &mut self,
+        limit: &Limit,
+        demands: &[u64],
+        held: &[(u64, u64)],
+        pool: u64,
+        now: Nanos,
+    ) {
+        let rates: Vec<u64> = held.iter().map(|h| h.0).collect();
+        let bursts: Vec<u64> = held.iter().map(|h| h.1).collect();
+        let (share, _) = held_share(demands, &rates, bucket_target);
+        let (burst, target) = held_share(demands, &bursts, burst_target);
+        // Each takes up its burst target's part of the tokens given back: the targets sum
+        // to at most one, so together at most the pool.
         let taken = u128::from(pool) * u128::from(target) / u128::from(SHARE_ONE);
         let taken = u64::try_from(taken).unwrap_or(0);
         // A smaller share is held from the next boundary: until then no one else can be
         // granted the room (the frames of this round say this node holds it), so this node
         // keeps using it.
-        self.shrink_to = if share < self.share { share } else { 0 };
-        self.reshare(limit, share.max(self.share), taken, now);
+        let smaller = |new: u64, old: u64| if new < old { new } else { 0 };
+        self.shrink_to = (smaller(share, self.share), smaller(burst, self.burst));
+        let kept = (share.max(self.share), burst.max(self.burst));
+        self.reshare(limit, kept, taken, now);
+    }
+
+    /// The shares as the frame publishes them: none when both are the default.
+    fn held_report(&self, default: u64) -> Vec<(u64, u64)> {
+        if self.share == default && self.burst == default {
+            Vec::new()
+        } else {
+            vec![(0, self.share), (1, self.burst)]
+        }
     }
 }
 
@@ -516,8 +543,9 @@ impl GKey {
                         level: 0,
                         at: now,
                         share,
+                        burst: share,
                         returned: 0,
-                        shrink_to: 0,
+                        shrink_to: (0, 0),
                         published: (0, 0),
                     };
                     if settled {
@@ -562,7 +590,7 @@ impl GKey {
                 }
                 LState::Bucket(b) => {
                     b.returned == 0
-                        && b.share == default_share(participants)
+                        && b.held_report(default_share(participants)).is_empty()
                         && b.level_at(&l.limit, now) >= b.cap(&l.limit)
                 }
             })
@@ -711,7 +739,8 @@ struct Part<'a> {
 struct Scratch<'a> {
     demands: Vec<u64>,
     reports: Vec<Option<&'a Summary>>,
-    shares: Vec<u64>,
+    /// Bucket shares held, `(rate, burst)` per participant.
+    shares: Vec<(u64, u64)>,
 }
 
 /// State only the round task touches.
@@ -1671,17 +1700,16 @@ impl Global {
                         LState::Bucket(b) => {
                             // The share the last instant decided to give up is given up now,
                             // as this frame publishes it.
-                            let to = std::mem::take(&mut b.shrink_to);
-                            if to > 0 && to < b.share {
+                            let (rate, burst) = std::mem::take(&mut b.shrink_to);
+                            let shrunk =
+                                |to: u64, from: u64| if to > 0 { to.min(from) } else { from };
+                            let to = (shrunk(rate, b.share), shrunk(burst, b.burst));
+                            if to != (b.share, b.burst) {
                                 b.reshare(&l.limit, to, 0, now);
                             }
                             b.published = (n, std::mem::take(&mut b.returned));
                             gives_back |= b.published.1 > 0;
-                            helds.push(if b.share == default {
-                                Vec::new()
-                            } else {
-                                vec![(0, b.share)]
-                            });
+                            helds.push(b.held_report(default));
                             continue;
                         }
                     };
@@ -1747,7 +1775,8 @@ impl Global {
                             },
                             LState::Bucket(b) => LimitReport {
                                 returned: if b.published.0 == n { b.published.1 } else { 0 },
-                                share: held.first().map_or(0, |&(_, share)| share),
+                                share: held_of(held, 0),
+                                burst: held_of(held, 1),
                                 ..LimitReport::default()
                             },
                         })
@@ -1927,21 +1956,21 @@ impl Global {
                     // capacity: at most `burst`, or one unit). No counts, no room.
                     let most = l.limit.burst().max(1).saturating_mul(SHARE_ONE);
                     let returned_ok = lr.returned <= most;
-                    let share_ok = lr.share <= SHARE_ONE;
+                    let share_ok = lr.share <= SHARE_ONE && lr.burst <= SHARE_ONE;
                     bad |=
                         !returned_ok || !share_ok || !lr.counts.is_empty() || !lr.held.is_empty();
                     if returned_ok && lr.returned > 0 {
                         returned.resize(rule.limits.len(), 0);
                         returned[li] = lr.returned;
                     }
-                    helds.push(if share_ok && lr.share > 0 {
-                        vec![(0, lr.share)]
+                    helds.push(if share_ok && (lr.share > 0 || lr.burst > 0) {
+                        vec![(0, lr.share), (1, lr.burst)]
                     } else {
                         Vec::new()
                     });
                     continue;
                 }
-                bad |= lr.share > 0 || lr.returned > 0;
+                bad |= lr.share > 0 || lr.burst > 0 || lr.returned > 0;
                 let cur = l.slot(now);
                 let ceiling = l.limit.limit().saturating_mul(members);
                 for &(slot, count) in &lr.counts {
@@ -2235,7 +2264,8 @@ impl Global {
                             // grow back from the room the merged frames show free.
                             LState::Bucket(b) => {
                                 let floor = default / BUCKET_FLOOR;
-                                b.reshare(&l.limit, b.share.min(floor).max(1), 0, now);
+                                let to = (b.share.min(floor).max(1), b.burst.min(floor).max(1));
+                                b.reshare(&l.limit, to, 0, now);
                             }
                         }
                     }
@@ -2330,10 +2360,12 @@ impl Global {
                             }
                             let mut pool = if b.published.0 == n { b.published.1 } else { 0 };
                             scratch.shares.clear();
-                            scratch.shares.push(b.share);
+                            scratch.shares.push((b.share, b.burst));
                             for (part, report) in parts.iter().zip(&scratch.reports).skip(1) {
-                                let held = report.and_then(|(_, h)| h.get(li)?.first());
-                                scratch.shares.push(held.map_or(default, |&(_, s)| s));
+                                let held = report.and_then(|(_, h)| h.get(li));
+                                let of = |i| held.map_or(0, |h| held_of(h, i));
+                                let or_default = |s: u64| if s == 0 { default } else { s };
+                                scratch.shares.push((or_default(of(0)), or_default(of(1))));
                                 if let Some(p) = part.peer
                                     && p.returned_round == n
                                     && let Some(r) = p.returned[ri].get(key)
@@ -2985,7 +3017,7 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
                     && (g.slot >= l.slot(boundary_time) || g.spendable() == 0)
             }),
             // Nothing to give back or give up (the frame must say so).
-            LState::Bucket(b) => b.returned == 0 && b.shrink_to == 0,
+            LState::Bucket(b) => b.returned == 0 && b.shrink_to == (0, 0),
         });
     if !quiet {
         return false;
@@ -3038,7 +3070,7 @@ fn dormant_until(
     for (l, s) in rule.limits.iter().zip(k.limits.iter()) {
         match s {
             LState::Bucket(b) => {
-                if b.returned != 0 || b.shrink_to != 0 {
+                if b.returned != 0 || b.shrink_to != (0, 0) {
                     return None;
                 }
             }
@@ -3259,8 +3291,8 @@ fn decide_bucket(
     let cap = b.cap(limit);
     let rate = b.rate(limit);
     let tokens = |level: i128| -> u64 {
-        // This node's tokens scaled to the whole cluster's bucket (its share is 1/share of it).
-        let scaled = level.max(0) / (i128::from(limit.period()) * i128::from(b.share.max(1)));
+        // This node's tokens scaled to the whole cluster's bucket (it holds `burst` of it).
+        let scaled = level.max(0) / (i128::from(limit.period()) * i128::from(b.burst.max(1)));
         u64::try_from(scaled).unwrap_or(u64::MAX).min(limit.burst())
     };
     let refill = |level: i128| -> Nanos {
@@ -3390,19 +3422,37 @@ fn bucket_target(demands: &[u64], total: u128, i: usize) -> u64 {
     u64::try_from(one * num / (f * n * total)).unwrap_or(1)
 }
 
+/// Participant `i`'s target share of a bucket's burst out of [`SHARE_ONE`]: an escrow of
+/// `(1 − m)/N` (m = `1/ESCROW_MARGIN`) plus `m` times its rate target, so far from the
+/// limit every node holds nearly its even part of the tokens, whoever was busy (design
+/// §3.5). Targets sum to at most [`SHARE_ONE`].
+fn burst_target(demands: &[u64], total: u128, i: usize) -> u64 {
+    let n = (demands.len() as u64).max(1);
+    let escrow = (SHARE_ONE - SHARE_ONE / ESCROW_MARGIN) / n;
+    escrow + bucket_target(demands, total, i) / ESCROW_MARGIN
+}
+
+/// A bucket share out of a report's holdings, `(0, rate)` and `(1, burst)`; 0: the
+/// default.
+fn held_of(held: &[(u64, u64)], which: u64) -> u64 {
+    held.iter()
+        .find(|(i, _)| *i == which)
+        .map_or(0, |(_, s)| *s)
+}
+
 /// This node's new bucket share at an instant where every participant's frame is in
-/// (design §3.5). `demands` and `held` (the shares their frames say they hold) list this
-/// node first. Above one and a half times its target it shrinks to the target; it grows
-/// only into the room no frame says is held, which every such node splits the same way
-/// among those below their targets (in proportion to how far below), so the shares held
-/// never sum to more than [`SHARE_ONE`]. The share is at least 1; also returns this
-/// node's target.
-fn held_share(demands: &[u64], held: &[u64]) -> (u64, u64) {
+/// (design §3.5), of the rate or of the burst, by `target`. `demands` and `held` (the shares
+/// their frames say they hold) list this node first. Above one and a half times its target
+/// it shrinks to the target; it grows only into the room no frame says is held, which every
+/// such node splits the same way among those below their targets (in proportion to how far
+/// below), so the shares held never sum to more than [`SHARE_ONE`]. The share is at least 1;
+/// also returns this node's target.
+fn held_share(demands: &[u64], held: &[u64], target: fn(&[u64], u128, usize) -> u64) -> (u64, u64) {
     let total: u128 = demands.iter().map(|&d| u128::from(d)).sum();
     let held_sum: u128 = held.iter().map(|&s| u128::from(s)).sum();
     let free = u128::from(SHARE_ONE).saturating_sub(held_sum);
-    let short = |i: usize| u128::from(bucket_target(demands, total, i).saturating_sub(held[i]));
-    let t0 = bucket_target(demands, total, 0);
+    let short = |i: usize| u128::from(target(demands, total, i).saturating_sub(held[i]));
+    let t0 = target(demands, total, 0);
     let mine = u128::from(t0.saturating_sub(held[0]));
     let mut grant = mine;
     if mine > 0 {
