@@ -28,7 +28,7 @@ use crate::counter::{Actor, Delta, Digest};
 /// leaving tree node hands its counts to a carrier ([`Message::TreeHandoff`],
 /// [`Message::TreeCarried`]). Version 6: a round frame says whether its sender may hold
 /// starters (`open`) and carries its base eras (`eras`), and a bucket limit's report the
-/// share of the burst its sender holds (`burst`).
+/// share of the burst its sender holds (`burst`) and the tokens its bucket lacks (`short`).
 pub const WIRE_VERSION: u8 = 6;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
@@ -200,7 +200,7 @@ pub struct KeyReport {
 }
 
 /// One limit's inputs in a [`KeyReport`]. A windowed limit sends `counts` and `held`; a
-/// bucket limit sends `returned`, `share` and `burst`.
+/// bucket limit sends `returned`, `share`, `burst` and `short`.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LimitReport {
     /// The sender's own absolute admitted count in each open slot, `(slot, count)`.
@@ -219,6 +219,11 @@ pub struct LimitReport {
     /// Bucket limits: the share of the burst (its bucket's capacity) the sender holds, as
     /// `share`.
     pub burst: u64,
+    /// Bucket limits: the whole tokens the sender's bucket lacked of its capacity at the
+    /// boundary, rounded down to a 32nd of the burst; 0 when full. With every sender's
+    /// capacity it gives the cluster's tokens, which move to the nodes short of their part
+    /// (design §3.5).
+    pub short: u64,
 }
 
 /// Why a frame could not be encoded or decoded.
@@ -320,14 +325,18 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
+            any::<u64>(),
         )
-            .prop_map(|(counts, held, returned, share, burst)| LimitReport {
-                counts,
-                held,
-                returned,
-                share,
-                burst,
-            });
+            .prop_map(
+                |(counts, held, returned, share, burst, short)| LimitReport {
+                    counts,
+                    held,
+                    returned,
+                    share,
+                    burst,
+                    short,
+                },
+            );
         let key = (
             "[a-z]{0,8}",
             any::<String>(),

@@ -405,6 +405,13 @@ struct BState {
     /// Smaller shares (rate, burst) decided at the last instant, held from the next boundary
     /// on (until then this node keeps using the shares its last frame published). 0: none.
     shrink_to: (u64, u64),
+    /// Tokens (`1 / SHARE_ONE` units) the last instant found this node holding beyond its
+    /// part of the cluster's tokens: the next boundary gives them back (at most its level),
+    /// for the nodes short of theirs to take up (design §3.5).
+    give: u64,
+    /// What the last frame said the bucket lacked of its capacity, in whole tokens, rounded
+    /// down to a multiple of [`short_step`]: 0 when full.
+    short: u64,
     /// What the frame of round `.0` gave back (`.1`, as `returned`): the nodes with every
     /// participant's frame in take it up at that round's instant, by their targets.
     published: (u64, u64),
@@ -447,25 +454,23 @@ impl BState {
     }
 
     /// An instant with every participant's frame in: the new shares from the demands and
-    /// the shares `held`, `(rate, burst)` per participant (this node first, see
-    /// [`held_share`]), and this node's part of `pool`, the tokens given back in this
-    /// round's frames.
+    /// what the participants' frames say, `(rate, burst, short)` each (this node first, see
+    /// [`held_share`] and [`tokens_moved`]), and this node's part of `pool`, the tokens given
+    /// back in this round's frames.
     fn move_share(
         &mut self,
         limit: &Limit,
         demands: &[u64],
-        held: &[(u64, u64)],
+        held: &[(u64, u64, u64)],
         pool: u64,
         now: Nanos,
     ) {
         let rates: Vec<u64> = held.iter().map(|h| h.0).collect();
         let bursts: Vec<u64> = held.iter().map(|h| h.1).collect();
         let (share, _) = held_share(demands, &rates, bucket_target);
-        let (burst, target) = held_share(demands, &bursts, burst_target);
-        // Each takes up its burst target's part of the tokens given back: the targets sum
-        // to at most one, so together at most the pool.
-        let taken = u128::from(pool) * u128::from(target) / u128::from(SHARE_ONE);
-        let taken = u64::try_from(taken).unwrap_or(0);
+        let (burst, _) = held_share(demands, &bursts, burst_target);
+        let (taken, give) = tokens_moved(limit, demands, held, pool);
+        self.give = give;
         // A smaller share is held from the next boundary: until then no one else can be
         // granted the room (the frames of this round say this node holds it), so this node
         // keeps using it.
@@ -475,13 +480,49 @@ impl BState {
         self.reshare(limit, kept, taken, now);
     }
 
-    /// The shares as the frame publishes them: none when both are the default.
+    /// The shares as the frame publishes them (none when both are the default), and what
+    /// the bucket lacks of its capacity (none when full).
     fn held_report(&self, default: u64) -> Vec<(u64, u64)> {
-        if self.share == default && self.burst == default {
-            Vec::new()
-        } else {
-            vec![(0, self.share), (1, self.burst)]
+        let mut report = Vec::new();
+        if self.share != default || self.burst != default {
+            report.extend([(0, self.share), (1, self.burst)]);
         }
+        if self.short > 0 {
+            report.push((2, self.short));
+        }
+        report
+    }
+
+    /// What the bucket lacks of its capacity at `now`, in whole tokens, rounded down to a
+    /// multiple of [`short_step`], as a frame publishes it.
+    fn short_at(&self, limit: &Limit, now: Nanos) -> u64 {
+        let token = i128::from(limit.period()) * i128::from(SHARE_ONE);
+        let lacks = (self.cap(limit) - self.level_at(limit, now)).max(0) / token;
+        let step = short_step(limit);
+        u64::try_from(lacks).unwrap_or(u64::MAX) / step * step
+    }
+
+    /// A boundary: the shares the last instant gave up are given up, and the tokens it found
+    /// beyond this node's part given back, as this frame publishes them.
+    fn settle(&mut self, limit: &Limit, now: Nanos) {
+        let (rate, burst) = std::mem::take(&mut self.shrink_to);
+        let shrunk = |to: u64, from: u64| if to > 0 { to.min(from) } else { from };
+        let to = (shrunk(rate, self.share), shrunk(burst, self.burst));
+        if to != (self.share, self.burst) {
+            self.reshare(limit, to, 0, now);
+        }
+        let give = std::mem::take(&mut self.give);
+        if give > 0 {
+            let period = i128::from(limit.period());
+            let level = self.level_at(limit, now);
+            let given = (i128::from(give) * period).min(level.max(0)) / period;
+            self.level = level - given * period;
+            self.at = self.at.max(now);
+            self.returned = self
+                .returned
+                .saturating_add(u64::try_from(given).unwrap_or(0));
+        }
+        self.short = self.short_at(limit, now);
     }
 }
 
@@ -546,6 +587,8 @@ impl GKey {
                         burst: share,
                         returned: 0,
                         shrink_to: (0, 0),
+                        give: 0,
+                        short: 0,
                         published: (0, 0),
                     };
                     if settled {
@@ -590,6 +633,7 @@ impl GKey {
                 }
                 LState::Bucket(b) => {
                     b.returned == 0
+                        && b.give == 0
                         && b.held_report(default_share(participants)).is_empty()
                         && b.level_at(&l.limit, now) >= b.cap(&l.limit)
                 }
@@ -739,8 +783,8 @@ struct Part<'a> {
 struct Scratch<'a> {
     demands: Vec<u64>,
     reports: Vec<Option<&'a Summary>>,
-    /// Bucket shares held, `(rate, burst)` per participant.
-    shares: Vec<(u64, u64)>,
+    /// Bucket shares held and tokens lacked, `(rate, burst, short)` per participant.
+    shares: Vec<(u64, u64, u64)>,
 }
 
 /// State only the round task touches.
@@ -1698,15 +1742,9 @@ impl Global {
                     let w = match s {
                         LState::Window(w) => w,
                         LState::Bucket(b) => {
-                            // The share the last instant decided to give up is given up now,
-                            // as this frame publishes it.
-                            let (rate, burst) = std::mem::take(&mut b.shrink_to);
-                            let shrunk =
-                                |to: u64, from: u64| if to > 0 { to.min(from) } else { from };
-                            let to = (shrunk(rate, b.share), shrunk(burst, b.burst));
-                            if to != (b.share, b.burst) {
-                                b.reshare(&l.limit, to, 0, now);
-                            }
+                            // What the last instant decided to give up and give back goes
+                            // now, as this frame publishes it.
+                            b.settle(&l.limit, now);
                             b.published = (n, std::mem::take(&mut b.returned));
                             gives_back |= b.published.1 > 0;
                             helds.push(b.held_report(default));
@@ -1777,6 +1815,7 @@ impl Global {
                                 returned: if b.published.0 == n { b.published.1 } else { 0 },
                                 share: held_of(held, 0),
                                 burst: held_of(held, 1),
+                                short: held_of(held, 2),
                                 ..LimitReport::default()
                             },
                         })
@@ -1957,20 +1996,27 @@ impl Global {
                     let most = l.limit.burst().max(1).saturating_mul(SHARE_ONE);
                     let returned_ok = lr.returned <= most;
                     let share_ok = lr.share <= SHARE_ONE && lr.burst <= SHARE_ONE;
-                    bad |=
-                        !returned_ok || !share_ok || !lr.counts.is_empty() || !lr.held.is_empty();
+                    let short_ok = lr.short <= l.limit.burst();
+                    bad |= !returned_ok
+                        || !share_ok
+                        || !short_ok
+                        || !lr.counts.is_empty()
+                        || !lr.held.is_empty();
                     if returned_ok && lr.returned > 0 {
                         returned.resize(rule.limits.len(), 0);
                         returned[li] = lr.returned;
                     }
-                    helds.push(if share_ok && (lr.share > 0 || lr.burst > 0) {
-                        vec![(0, lr.share), (1, lr.burst)]
-                    } else {
-                        Vec::new()
-                    });
+                    let mut held = Vec::new();
+                    if share_ok && (lr.share > 0 || lr.burst > 0) {
+                        held.extend([(0, lr.share), (1, lr.burst)]);
+                    }
+                    if short_ok && lr.short > 0 {
+                        held.push((2, lr.short));
+                    }
+                    helds.push(held);
                     continue;
                 }
-                bad |= lr.share > 0 || lr.burst > 0 || lr.returned > 0;
+                bad |= lr.share > 0 || lr.burst > 0 || lr.short > 0 || lr.returned > 0;
                 let cur = l.slot(now);
                 let ceiling = l.limit.limit().saturating_mul(members);
                 for &(slot, count) in &lr.counts {
@@ -2360,12 +2406,14 @@ impl Global {
                             }
                             let mut pool = if b.published.0 == n { b.published.1 } else { 0 };
                             scratch.shares.clear();
-                            scratch.shares.push((b.share, b.burst));
+                            scratch.shares.push((b.share, b.burst, b.short));
                             for (part, report) in parts.iter().zip(&scratch.reports).skip(1) {
                                 let held = report.and_then(|(_, h)| h.get(li));
                                 let of = |i| held.map_or(0, |h| held_of(h, i));
                                 let or_default = |s: u64| if s == 0 { default } else { s };
-                                scratch.shares.push((or_default(of(0)), or_default(of(1))));
+                                scratch
+                                    .shares
+                                    .push((or_default(of(0)), or_default(of(1)), of(2)));
                                 if let Some(p) = part.peer
                                     && p.returned_round == n
                                     && let Some(r) = p.returned[ri].get(key)
@@ -3016,8 +3064,14 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
                     && g.spendable() == published
                     && (g.slot >= l.slot(boundary_time) || g.spendable() == 0)
             }),
-            // Nothing to give back or give up (the frame must say so).
-            LState::Bucket(b) => b.returned == 0 && b.shrink_to == (0, 0),
+            // Nothing to give back or give up, and its tokens as published (the frame must
+            // say so).
+            LState::Bucket(b) => {
+                b.returned == 0
+                    && b.shrink_to == (0, 0)
+                    && b.give == 0
+                    && b.short_at(&l.limit, boundary_time) == b.short
+            }
         });
     if !quiet {
         return false;
@@ -3070,8 +3124,21 @@ fn dormant_until(
     for (l, s) in rule.limits.iter().zip(k.limits.iter()) {
         match s {
             LState::Bucket(b) => {
-                if b.returned != 0 || b.shrink_to != (0, 0) {
+                if b.returned != 0
+                    || b.shrink_to != (0, 0)
+                    || b.give != 0
+                    || b.short_at(&l.limit, now) != b.short
+                {
                     return None;
+                }
+                // Listed again when the tokens it lacks fall a step below what was published
+                // (a published shortfall is stale, never too small, until then).
+                if b.short > 0 {
+                    let token = i128::from(l.limit.period()) * i128::from(SHARE_ONE);
+                    let above = b.cap(&l.limit) - i128::from(b.short) * token + 1;
+                    let need = (above - b.level_at(&l.limit, now)).max(0);
+                    let dt = u64::try_from(ceil_div(need, b.rate(&l.limit))).unwrap_or(u64::MAX);
+                    wake = wake.min(now.saturating_add(dt).div_ceil(round));
                 }
             }
             LState::Window(w) => {
@@ -3432,12 +3499,67 @@ fn burst_target(demands: &[u64], total: u128, i: usize) -> u64 {
     escrow + bucket_target(demands, total, i) / ESCROW_MARGIN
 }
 
-/// A bucket share out of a report's holdings, `(0, rate)` and `(1, burst)`; 0: the
-/// default.
+/// A bucket share out of a report's holdings, `(0, rate)` and `(1, burst)`, or `(2, short)`
+/// what it lacks of its capacity; 0: the default share, or full.
 fn held_of(held: &[(u64, u64)], which: u64) -> u64 {
     held.iter()
         .find(|(i, _)| *i == which)
         .map_or(0, |(_, s)| *s)
+}
+
+/// The step a frame rounds a bucket's missing tokens down to: a 32nd of the burst, at least
+/// one token, so a refilling bucket is published again a few dozen times at most.
+fn short_step(limit: &Limit) -> u64 {
+    limit.burst().div_ceil(32).max(1)
+}
+
+/// At an instant with every participant's frame in, the tokens a bucket moves (design §3.5),
+/// in `1 / SHARE_ONE` token units: what this node takes up of `pool` (the tokens given back
+/// in this round's frames), and what it gives back at its next boundary. `held` is each
+/// participant's `(rate, burst, short)` as its frame says (this node first).
+///
+/// Every participant's tokens are its capacity less what it lacks; each one's part of their
+/// sum is its burst target's (`u_i`). A node holding more than its part by a quarter and a
+/// token gives the excess back; the pool goes first to the nodes short of their parts, each
+/// its shortfall (all of them scaled down alike if the pool is smaller), and what is left by
+/// burst target. Every node reads the same frames, so together they take up at most the pool.
+fn tokens_moved(limit: &Limit, demands: &[u64], held: &[(u64, u64, u64)], pool: u64) -> (u64, u64) {
+    let one = u128::from(SHARE_ONE);
+    let burst = u128::from(limit.burst());
+    let total_demand: u128 = demands.iter().map(|&d| u128::from(d)).sum();
+    // Tokens, in 1/SHARE_ONE units: a capacity is at least one token.
+    let tokens: Vec<u128> = held
+        .iter()
+        .map(|&(_, share, short)| {
+            let cap = (burst * u128::from(share)).max(one);
+            cap.saturating_sub(u128::from(short) * one)
+        })
+        .collect();
+    let sum: u128 = tokens.iter().sum();
+    let part = |i: usize| sum * u128::from(burst_target(demands, total_demand, i)) / one;
+    let lacks: Vec<u128> = (0..held.len())
+        .map(|i| part(i).saturating_sub(tokens[i]))
+        .collect();
+    let lacking: u128 = lacks.iter().sum();
+    let pool = u128::from(pool);
+    let by_target = |pool: u128| pool * u128::from(burst_target(demands, total_demand, 0)) / one;
+    let taken = if lacking == 0 {
+        by_target(pool)
+    } else if pool <= lacking {
+        pool * lacks[0] / lacking
+    } else {
+        lacks[0] + by_target(pool - lacking)
+    };
+    let mine = part(0);
+    let give = if tokens[0] > mine + mine / 4 + one {
+        tokens[0] - mine
+    } else {
+        0
+    };
+    (
+        u64::try_from(taken).unwrap_or(0),
+        u64::try_from(give).unwrap_or(u64::MAX),
+    )
 }
 
 /// This node's new bucket share at an instant where every participant's frame is in

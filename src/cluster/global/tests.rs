@@ -634,14 +634,18 @@ mod hostile {
             prop_oneof![Just(0), Just(SHARE_ONE), any::<u64>()],
             prop_oneof![Just(0), Just(SHARE_ONE / 2), Just(SHARE_ONE), any::<u64>()],
             prop_oneof![Just(0), Just(SHARE_ONE / 3), Just(SHARE_ONE), any::<u64>()],
+            prop_oneof![Just(0), Just(50), Just(101), any::<u64>()],
         )
-            .prop_map(|(counts, held, returned, share, burst)| LimitReport {
-                counts,
-                held,
-                returned,
-                burst,
-                share,
-            });
+            .prop_map(
+                |(counts, held, returned, share, burst, short)| LimitReport {
+                    counts,
+                    held,
+                    returned,
+                    burst,
+                    short,
+                    share,
+                },
+            );
         (
             prop_oneof![Just("w"), Just("c"), Just("l"), Just("t"), Just("nope")],
             prop_oneof![Just("k".to_owned()), any::<String>()],
@@ -848,9 +852,11 @@ fn worst_excess_from(sim: &Sim, rate: u64, burst: u64, from: Nanos) -> i64 {
 #[test]
 fn held_shares_keep_skewed_and_moving_buckets_near_a_central_one() {
     // 2x load for 10 s on a fresh key: a central bucket (full at the start) admits
-    // 100 + 10 × 100 = 1,100; issue 3 asks for ±5% under skew and ±10% with the hot node
+    // 100 + 10 × 100 = 1,100; issue 3 asked for ±5% under skew and ±10% with the hot node
     // moving every 2 s. Without giving clipped tokens back, the fresh key's even split lost
-    // a burst (skewed: 1,031 of 1,100 at 3 nodes, 973 at 5; moving: 919 at 5).
+    // a burst (skewed: 1,031 of 1,100 at 3 nodes, 973 at 5; moving: 919 at 5); with the
+    // burst in escrow but tokens left where they were, the moving hot node of 5 got
+    // 1,047-1,058 (design §3.5).
     for seed in 1..=3 {
         for (n, loads) in [(3, vec![160, 20, 20]), (5, vec![160, 10, 10, 10, 10])] {
             for moving in [false, true] {
@@ -866,7 +872,7 @@ fn held_shares_keep_skewed_and_moving_buckets_near_a_central_one() {
                 }
                 let (total, excess) = (sim.total(), worst_excess(&sim, 100, 100));
                 let what = format!("seed {seed}, {n} nodes, moving {moving}: {total}, +{excess}");
-                let least = if moving { 990 } else { 1045 };
+                let least = 1070;
                 assert!((least..=1100 + n as u64).contains(&total), "{what}");
                 assert!(excess <= n as i64, "{what}");
             }
@@ -1013,6 +1019,67 @@ fn a_restarted_node_takes_no_bucket_share_that_others_hold() {
         }
     }
     assert!(first_denied >= 4, "{first_denied} first checks denied");
+}
+
+#[test]
+fn tokens_move_from_the_nodes_above_their_part_to_those_short_of_it() {
+    // 3 nodes, a bucket of 100, nobody's demand, default shares: node 0 has spent its third,
+    // the others are full. The 66 tokens left are each node's part alike, 22: nodes 1 and 2
+    // give back 11 each, and a round later node 0 takes up nearly all of the pool (it lacks
+    // 22 of its part; the rest goes by burst target, a third to it).
+    let limit = bucket(Algorithm::TokenBucket, 100, SECOND, 100);
+    let third = SHARE_ONE / 3;
+    let held = [(third, third, 33), (third, third, 0), (third, third, 0)];
+    let tokens = |units: u64| units as f64 / SHARE_ONE as f64;
+    let (taken, give) = tokens_moved(&limit, &[0, 0, 0], &held, 0);
+    assert_eq!((taken, give), (0, 0));
+    let (_, give) = tokens_moved(&limit, &[0, 0, 0], &[held[1], held[0], held[2]], 0);
+    assert!((tokens(give) - 11.1).abs() < 0.1, "{}", tokens(give));
+    let pool = 2 * give;
+    let (taken, _) = tokens_moved(&limit, &[0, 0, 0], &held, pool);
+    assert!(
+        tokens(pool - taken) < 0.2,
+        "{} of {}",
+        tokens(taken),
+        tokens(pool)
+    );
+    // Once they are even, nobody gives and the pool (tokens clipped elsewhere) goes by the
+    // burst targets.
+    let even = [(third, third, 11), (third, third, 11), (third, third, 11)];
+    assert_eq!(tokens_moved(&limit, &[0, 0, 0], &even, 0), (0, 0));
+    let (taken, _) = tokens_moved(&limit, &[0, 0, 0], &even, 3 * SHARE_ONE);
+    assert!(taken <= SHARE_ONE);
+}
+
+mod moved {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        /// Whatever the frames say, the nodes that read them take up at most the pool
+        /// together: each computes its own part with itself first (design §3.5).
+        #[test]
+        fn the_nodes_take_up_at_most_the_pool(
+            held in proptest::collection::vec((1..=SHARE_ONE, 1..=SHARE_ONE, 0..=200u64), 1..8),
+            demands in proptest::collection::vec(0..1_000u64, 8),
+            pool in 0..(300 * SHARE_ONE),
+            burst in 1..=200u64,
+        ) {
+            let limit = bucket(Algorithm::TokenBucket, 100, SECOND, burst);
+            let n = held.len();
+            let demands = &demands[..n];
+            let mut sum = 0u128;
+            for i in 0..n {
+                let mut h = held.clone();
+                let mut d = demands.to_vec();
+                h.swap(0, i);
+                d.swap(0, i);
+                sum += u128::from(tokens_moved(&limit, &d, &h, pool).0);
+            }
+            prop_assert!(sum <= u128::from(pool), "{sum} > {pool}");
+        }
+    }
 }
 
 #[test]
