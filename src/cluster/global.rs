@@ -502,6 +502,15 @@ impl BState {
         u64::try_from(lacks).unwrap_or(u64::MAX) / step * step
     }
 
+    /// Whether the last frame still says all of it at `now`: nothing to give back or give up,
+    /// and the tokens it lacks as published.
+    fn as_published(&self, limit: &Limit, now: Nanos) -> bool {
+        self.returned == 0
+            && self.shrink_to == (0, 0)
+            && self.give == 0
+            && self.short_at(limit, now) == self.short
+    }
+
     /// A boundary: the shares the last instant gave up are given up, and the tokens it found
     /// beyond this node's part given back, as this frame publishes them.
     fn settle(&mut self, limit: &Limit, now: Nanos) {
@@ -3066,12 +3075,7 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
             }),
             // Nothing to give back or give up, and its tokens as published (the frame must
             // say so).
-            LState::Bucket(b) => {
-                b.returned == 0
-                    && b.shrink_to == (0, 0)
-                    && b.give == 0
-                    && b.short_at(&l.limit, boundary_time) == b.short
-            }
+            LState::Bucket(b) => b.as_published(&l.limit, boundary_time),
         });
     if !quiet {
         return false;
@@ -3124,11 +3128,7 @@ fn dormant_until(
     for (l, s) in rule.limits.iter().zip(k.limits.iter()) {
         match s {
             LState::Bucket(b) => {
-                if b.returned != 0
-                    || b.shrink_to != (0, 0)
-                    || b.give != 0
-                    || b.short_at(&l.limit, now) != b.short
-                {
+                if !b.as_published(&l.limit, now) {
                     return None;
                 }
                 // Listed again when the tokens it lacks fall a step below what was published
