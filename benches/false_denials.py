@@ -17,7 +17,9 @@ per-user tiers a real API uses, every rule global (the default scope):
 
 With `--exchange tree` the nodes run `[cluster] exchange = "tree"`, which accepts only global
 fixed windows of at most a minute, so only `fixed` is loaded. With `--standalone` one node
-runs without `--gossip`, for comparison.
+runs without `--gossip`, for comparison; with `--separate`, `--nodes` nodes each run without
+`--gossip` and take the same load as the cluster's nodes, so the latencies compare like for
+like where the nodes share one machine's cores (on a real cluster each node has its own).
 
 Load: `--users` users (5,000). Client threads (`--concurrency`, 16, spread over `--procs`
 processes: 2, or 1 on a single CPU; each process has its own share of the users, since one
@@ -52,6 +54,7 @@ How to run
     cargo build --release
     python3 benches/false_denials.py                       # 3 nodes, full mesh
     python3 benches/false_denials.py --standalone          # 1 node, no cluster
+    python3 benches/false_denials.py --separate            # 3 nodes, each standalone
     python3 benches/false_denials.py --exchange tree       # 3 nodes, aggregation tree
     python3 benches/false_denials.py --exchange tree --wait-unfrozen
     python3 benches/false_denials.py --stress 2            # 3 nodes + 2 busy loops
@@ -611,6 +614,10 @@ def main():
     ap.add_argument("--nodes", type=int, default=3, help="cluster size")
     ap.add_argument("--standalone", action="store_true",
                     help="one node without --gossip (ignores --nodes and --exchange)")
+    ap.add_argument("--separate", action="store_true",
+                    help="--nodes nodes, each without --gossip: the same processes and load "
+                         "per node as the cluster, with no cluster (a like-for-like latency "
+                         "baseline on a shared machine)")
     ap.add_argument("--exchange", choices=("mesh", "tree"), default="mesh",
                     help="[cluster] exchange; tree loads only the fixed-window rule")
     ap.add_argument("--users", type=int, default=5000)
@@ -673,8 +680,8 @@ def main():
 
 
 def run(args, binary, work):
-    clustered = not args.standalone
-    n = args.nodes if clustered else 1
+    clustered = not (args.standalone or args.separate)
+    n = 1 if args.standalone else args.nodes
     tree = clustered and args.exchange == "tree"
     rules = ["fixed"] if tree else ["bucket", "fixed", "log", "counter", "hybrid"]
 
@@ -688,7 +695,8 @@ def run(args, binary, work):
         for r in rules:
             f.write(RULES[r])
 
-    mode = "standalone" if not clustered else f"{n} nodes, exchange {args.exchange}"
+    mode = (f"{n} nodes, exchange {args.exchange}" if clustered
+            else f"{n} separate standalone nodes" if args.separate else "standalone")
     ports = pick_ports(n, random.Random())  # not seeded: runs back to back differ
     names = [f"node-{i + 1}" for i in range(n)]
     nodes, logs = [], []
@@ -708,7 +716,7 @@ def run(args, binary, work):
     deadline = t_launch + args.ready_timeout
     while True:
         states = [node_state(p, n if clustered else None) for p in http_ports]
-        if all(ready and alive == n for ready, alive in states):
+        if all(ready and alive == (n if clustered else 1) for ready, alive in states):
             break
         dead = [names[i] for i, p in enumerate(nodes) if p.poll() is not None]
         if dead or time.monotonic() > deadline:

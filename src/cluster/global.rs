@@ -881,6 +881,9 @@ pub struct Global {
     /// a bucket key this node has not met is one nobody holds a share of; until then a new
     /// bucket key starts empty at the floor share (design §3.5, "Restart and join").
     settled: std::sync::atomic::AtomicBool,
+    /// Whether the shell stopped waiting for `settled` to call the node ready (see
+    /// [`Global::ready`]).
+    ready_unsettled: std::sync::atomic::AtomicBool,
     round: Mutex<RoundState>,
 }
 
@@ -983,6 +986,7 @@ impl Global {
             instants: AtomicU64::new(0),
             joined: std::sync::atomic::AtomicBool::new(true),
             settled: std::sync::atomic::AtomicBool::new(true),
+            ready_unsettled: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -1408,7 +1412,23 @@ impl Global {
         self.joined.store(joined, Ordering::Release);
         if !joined {
             self.settled.store(false, Ordering::Release);
+            self.ready_unsettled.store(false, Ordering::Release);
         }
+    }
+
+    /// Whether the node may be sent checks (`/readyz` 200): it has joined, and has settled
+    /// (its first instant with every participant's frame in has run, so a bucket key new at
+    /// it starts full at its even share, not empty: design §3.5, "Restart and join"), or the
+    /// shell stopped waiting for that ([`Global::ready_unsettled`]: peers out of reach).
+    pub fn ready(&self) -> bool {
+        self.joined()
+            && (self.settled.load(Ordering::Acquire)
+                || self.ready_unsettled.load(Ordering::Acquire))
+    }
+
+    /// Calls the node ready although it has not settled (see [`Global::ready`]).
+    pub fn ready_unsettled(&self) {
+        self.ready_unsettled.store(true, Ordering::Release);
     }
 
     /// Whether a new bucket key may start full at the default share (see `Global::settled`).

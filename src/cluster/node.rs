@@ -280,15 +280,17 @@ impl Cluster {
         self.meta.rules_hash(rules_hash).await;
     }
 
-    /// Whether `/readyz` may say 200 (and global rules take leases): the node has found a
-    /// peer and pulled the counts of every live one; or it was given no seed but itself; or
-    /// the ready timeout passed (then it serves with what it has, and logs a warning).
+    /// Whether `/readyz` may say 200: the node has found a peer and pulled the counts of
+    /// every live one (from then on global rules take leases), and had a round with every
+    /// peer's frame in (so its bucket keys start full: [`Global::ready`]); or it was given no
+    /// seed but itself; or the ready timeout passed (then it serves with what it has, and
+    /// logs a warning).
     ///
     /// Over the tree: once a round's totals included every member of this node's view (a
     /// node alone in its view completes its own rounds).
     pub fn ready(&self) -> bool {
         match &self.exchange {
-            Exchange::Mesh(global) => global.joined(),
+            Exchange::Mesh(global) => global.ready(),
             Exchange::Tree(_, keys) => keys.complete_rounds() > 0,
         }
     }
@@ -726,14 +728,15 @@ impl Parts {
 /// Marks the node joined once it has found a peer and pulled the counts of every live one, or
 /// was given no seed but itself, or `ready_timeout` passed (then it serves with what it has,
 /// and says so). Until then global rules take no lease: a restarted node must not admit as if
-/// it were alone.
+/// it were alone. Then it is ready once it has settled ([`Global::ready`]: a round or two
+/// later), or at `ready_timeout` from its start.
 async fn join(global: Arc<Global>, expects_peers: bool, ready_timeout: Duration, every: Duration) {
     let started = tokio::time::Instant::now();
     let mut tick = tokio::time::interval(every);
     loop {
         tick.tick().await;
         if global.joined() {
-            return;
+            break;
         }
         let found = global.peer_count() > 0;
         let pulled = found && global.pulled();
@@ -747,8 +750,19 @@ async fn join(global: Arc<Global>, expects_peers: bool, ready_timeout: Duration,
             }
             info!(after = ?started.elapsed(), "joined the cluster");
             global.set_joined(true);
+            break;
+        }
+    }
+    loop {
+        if global.ready() {
             return;
         }
+        if started.elapsed() >= ready_timeout {
+            warn!("ready timeout: serving before a round with every peer's frame in");
+            global.ready_unsettled();
+            return;
+        }
+        tick.tick().await;
     }
 }
 

@@ -1021,6 +1021,48 @@ fn a_restarted_node_takes_no_bucket_share_that_others_hold() {
     assert!(first_denied >= 4, "{first_denied} first checks denied");
 }
 
+/// A restarted node says ready (`/readyz`) only once it has settled: joined, and an instant
+/// with every participant's frame in has run, so a bucket key new at it starts full at its
+/// part of the burst rather than empty at the floor share. A user's first burst there, sent
+/// as soon as it is ready, is admitted whole.
+#[test]
+fn a_restarted_node_is_ready_once_its_new_buckets_start_full() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(3, rules_bucket(), Params::default(), seed);
+        sim.advance(300 * MS);
+        sim.load("b", "busy", &[20, 20, 0], SECOND);
+        sim.crash(2);
+        sim.advance(50 * MS);
+        sim.restart(2);
+        let (mut joined_at, mut ready_at) = (None, None);
+        for _ in 0..2_000 {
+            sim.advance(MS);
+            let node = sim.node(2);
+            if node.joined() && joined_at.is_none() {
+                joined_at = Some(sim.now);
+            }
+            assert!(
+                !node.ready() || node.joined(),
+                "seed {seed}: ready unjoined"
+            );
+            if node.ready() {
+                ready_at = Some(sim.now);
+                break;
+            }
+        }
+        let (joined_at, ready_at) = (joined_at.unwrap(), ready_at.expect("ready within 2 s"));
+        assert!(
+            ready_at > joined_at && ready_at - joined_at <= 3 * DEFAULT_ROUND,
+            "seed {seed}: joined at {joined_at}, ready at {ready_at}"
+        );
+        // Its part of the burst: (1 − 1/20)/3 of 100 and a little, so 30 pass at once.
+        let admitted = (0..30)
+            .filter(|_| sim.check(2, "b", "fresh", 1).allowed())
+            .count();
+        assert_eq!(admitted, 30, "seed {seed}");
+    }
+}
+
 #[test]
 fn tokens_move_from_the_nodes_above_their_part_to_those_short_of_it() {
     // 3 nodes, a bucket of 100, nobody's demand, default shares: node 0 has spent its third,
