@@ -1165,7 +1165,10 @@ impl Global {
         let t = self.params.round;
         let start = now - now % t;
         let instant = start + self.params.settle;
-        if now < instant {
+        if phase.open && phase.round >= now / t {
+            // This round's instant ran early (every frame was in before δ): the next one.
+            start + t + self.params.settle - now
+        } else if now < instant {
             instant - now
         } else if !phase.open {
             // The instant is late (busy, or waiting for a frame): any moment now.

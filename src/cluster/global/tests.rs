@@ -1437,3 +1437,38 @@ fn a_base_shrinks_in_open_slots_when_the_participants_grow() {
     assert_eq!(base_of(&shrank, 100, 15), 31);
     assert_eq!(base_of(&shrank, 100, 25), 47);
 }
+
+/// An instant runs as soon as every frame of its round is in, often a millisecond after the
+/// boundary rather than δ after it. A check denied between that instant and δ waits for the
+/// next round's instant, and its `retry_after` says so: it said "δ less the time since the
+/// boundary", so a check held for that lease (`Engine::lease_pause`) was let go and denied
+/// just before the room it waited for came (a restarted node's new keys on a sliding log,
+/// every one of them for a sub-slot, on real nodes).
+#[test]
+fn a_denial_after_an_early_instant_waits_for_the_next_one() {
+    for seed in 1..=3 {
+        let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
+        sim.advance(2 * SECOND - sim.now % SECOND + 100 * MS);
+        sim.crash(2);
+        sim.advance(50 * MS);
+        sim.restart(2);
+        sim.advance(400 * MS);
+        // 5 ms after a boundary: the round's frames are in (1 ms each), so its instant ran.
+        let round = DEFAULT_ROUND;
+        sim.advance(round - sim.clock(2) % round + 5 * MS);
+        let instants = sim.node(2).instants();
+        let d = sim.check(2, "api", "new", 1);
+        let Verdict::Deny { retry_after } = d.verdict else {
+            panic!("seed {seed}: a restarted node holds no room of a new key: {d:?}");
+        };
+        assert!(
+            retry_after >= round - 5 * MS,
+            "seed {seed}: retry_after {retry_after} ns, before the next round's instant"
+        );
+        // Waiting that long brings the room.
+        sim.advance(retry_after);
+        assert!(sim.node(2).instants() > instants, "seed {seed}");
+        let d = sim.check(2, "api", "new", 1);
+        assert!(d.allowed(), "seed {seed}: {d:?}");
+    }
+}
