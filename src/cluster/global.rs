@@ -865,6 +865,10 @@ pub struct Global {
     /// Starters open only in slots nobody has a base in: those whose first instant is before
     /// this round (the earliest era any participant published; `u64::MAX`: nobody has one).
     based_from: AtomicU64,
+    /// Whether the last instant was all-reachable with every participant's latest era at the
+    /// participants it had: then starters open also in slots others are based in, where this
+    /// node is not (see [`Global::starters_in`]).
+    starters_beside_bases: std::sync::atomic::AtomicBool,
     /// This node's last two base eras ([`RoundState::my_eras`]), packed by [`pack_era`] for
     /// the check path: the latest and the one before (`u64::MAX`: none).
     era_latest: AtomicU64,
@@ -980,6 +984,7 @@ impl Global {
             starters_from: AtomicU64::new(u64::MAX),
             holding: AtomicBool::new(false),
             based_from: AtomicU64::new(u64::MAX),
+            starters_beside_bases: std::sync::atomic::AtomicBool::new(false),
             era_latest: AtomicU64::new(u64::MAX),
             era_prev: AtomicU64::new(u64::MAX),
             participants: AtomicU64::new(1),
@@ -1099,11 +1104,16 @@ impl Global {
     }
 
     /// Whether the last instant opened starters in slot `x` of `l` (see
-    /// [`Global::starters_from`]): only where nobody has a base. Read after the phase.
+    /// [`Global::starters_from`]): where nobody has a base, or, at an all-reachable instant
+    /// with every participant's bases at the participants it had, where this node has none
+    /// (design §3.3.1, starters beside bases). Read after the phase.
     fn starters_in(&self, l: &GLimit, x: u64) -> bool {
         let from = self.starters_from.load(Ordering::Acquire);
         let first = self.first_instant(l, x);
-        from != u64::MAX && first >= from && first < self.based_from.load(Ordering::Acquire)
+        from != u64::MAX
+            && first >= from
+            && (first < self.based_from.load(Ordering::Acquire)
+                || (self.starters_beside_bases.load(Ordering::Acquire) && self.my_base(l, x) == 0))
     }
 
     /// This node's base in slot `x` of the windowed limit `l` (design §3.3.1, bases): what it
@@ -2224,6 +2234,18 @@ impl Global {
             .min()
             .unwrap_or(u64::MAX);
         self.based_from.store(based_from, Ordering::Release);
+        let eras_current = std::iter::once(st.my_eras.last())
+            .chain(
+                st.peers
+                    .values()
+                    .filter(|p| self.participates(p))
+                    .map(|p| p.eras.last()),
+            )
+            .all(|e| e.is_none_or(|&(_, m)| u64::from(m) == participants));
+        self.starters_beside_bases.store(
+            consistent && all_reachable && eras_current,
+            Ordering::Release,
+        );
         if consistent {
             st.stats.consistent_rounds += 1;
         } else {
@@ -2777,24 +2799,38 @@ impl Global {
                 // participant's in this slot, each within its starter. Starters open only
                 // where nobody has a base.
                 used_in_cur = a_known > 0;
+                // Starters run beside bases when every participant is reachable and each
+                // based one's latest era is at the participants there are: then the bases
+                // (at most ⌊C'/N⌋ each) and the starters (⌊C/N⌋ each) sum to at most C.
+                let beside = all_reachable
+                    && eras
+                        .iter()
+                        .all(|e| e.last().is_none_or(|&(_, m)| m as usize == parts.len()));
                 let started = used_in_cur
-                    && !based
-                    && helds.iter().all(|&h| h == 0)
+                    && (!based || beside)
+                    && explicit_total == 0
                     && a_known == slots.total(cur)
-                    && reachable.iter().try_fold(0u64, |sum, &i| {
-                        let size = parts[i].open.map_or(0, |n| c / u64::from(n.max(1)));
+                    && reachable.iter().enumerate().try_fold(0u64, |sum, (j, &i)| {
+                        let base = base_in(j, cur);
+                        let size = if base > 0 {
+                            base
+                        } else {
+                            parts[i].open.map_or(0, |n| c / u64::from(n.max(1)))
+                        };
                         let count = slots.count(cur, parts[i].actor);
                         (count <= size).then_some(sum + count)
                     }) == Some(a_known);
                 if started {
                     for (j, &i) in reachable.iter().enumerate() {
-                        if let Some(n) = parts[i].open {
+                        if let Some(n) = parts[i].open
+                            && base_in(j, cur) == 0
+                        {
                             let size = c / u64::from(n.max(1));
                             let count = slots.count(cur, parts[i].actor);
                             helds[j] = helds[j].max(size.saturating_sub(count));
                         }
                     }
-                    charged = parts[0].open.is_some();
+                    charged = parts[0].open.is_some() && base_in(0, cur) == 0;
                     helds_me = helds[0];
                     my_extra = helds[0].saturating_sub(held_in(0, cur));
                 }

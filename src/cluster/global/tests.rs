@@ -535,11 +535,12 @@ fn under_hold_a_new_key_is_admitted_at_once_in_the_window_open_at_the_cut() {
 }
 
 /// A restarted node has no base in a window first allotted before its first all-reachable
-/// instant (its old incarnation may hold one there): a key new at it waits for a grant,
-/// while the others admit theirs at once; from the next window on it is based too. Flat out
-/// everywhere, no window goes over.
+/// instant (its old incarnation may hold one there), but once its instants are all-reachable
+/// and every participant's bases are at the participants there are, it opens starters beside
+/// the others' bases (design §3.3.1): a key new at it is admitted at once, as at the others.
+/// From the next window on it is based too. Flat out everywhere, no window goes over.
 #[test]
-fn a_restarted_node_has_no_base_in_the_window_it_came_back_in() {
+fn a_restarted_node_opens_starters_beside_the_bases_of_the_window_it_came_back_in() {
     for seed in 1..=3 {
         let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
         sim.advance(2 * SECOND - sim.now % SECOND + 100 * MS);
@@ -555,28 +556,11 @@ fn a_restarted_node_has_no_base_in_the_window_it_came_back_in() {
         assert!(sim.check(0, "api", "new", 1).allowed(), "seed {seed}");
         let d = sim.check(2, "api", "new", 1);
         assert!(
-            !d.allowed(),
-            "seed {seed}: a base in the window it came back in: {d:?}"
+            d.allowed(),
+            "seed {seed}: no starter beside the others' bases: {d:?}"
         );
-        // The check is held, not refused (`Engine::lease_pause`): the instant that the node
-        // names brings its first room of the key.
-        let (wait, instants) = sim
-            .node(2)
-            .first_lease(0, 0, "new", sim.clock(2))
-            .expect("a node without room of the key waits for its first lease");
-        assert!(
-            wait <= 2 * DEFAULT_ROUND + DEFAULT_SETTLE,
-            "seed {seed}: {wait}"
-        );
-        let mut ms = 0;
-        while sim.node(2).instants() < instants {
-            sim.advance(MS);
-            ms += 1;
-            assert!(ms <= 300, "seed {seed}: no instant {ms} ms on");
-        }
-        let d = sim.check(2, "api", "new", 1);
-        assert!(d.allowed(), "seed {seed}: {d:?} after {ms} ms");
-        // Once it holds room, a denial is not held for a first lease.
+        // Charged its starter, it holds room: a denial is not held for a first lease.
+        sim.advance(2 * DEFAULT_ROUND);
         assert!(sim.node(2).first_lease(0, 0, "new", sim.clock(2)).is_none());
         sim.load("api", "new", &[900, 900, 900], 300 * MS);
         sim.advance(SECOND - sim.now % SECOND + 200 * MS);
@@ -1438,37 +1422,86 @@ fn a_base_shrinks_in_open_slots_when_the_participants_grow() {
     assert_eq!(base_of(&shrank, 100, 25), 47);
 }
 
+/// Starters beside bases never take a window over: a node restarted at a random moment of a
+/// window, into a cluster whose others are based there, opens starters on keys idle
+/// everywhere while its old incarnation's keys stay charged; then every key, old and new,
+/// is checked flat out at every node. 3 and 5 nodes, 40 seeds each.
+#[test]
+fn starters_beside_bases_keep_every_window_within_the_limit() {
+    let mut opened = 0;
+    for nodes in [3usize, 5] {
+        for seed in 1..=40u64 {
+            let mut sim = Sim::new(nodes, rules_fixed(), Params::default(), seed);
+            sim.advance(2 * SECOND - sim.now % SECOND + (seed * 37 % 500) * MS);
+            // Steady before the crash: its retirement charges twice its last published demand
+            // a round (design §5); a burst that more than doubles within its last round is
+            // not covered.
+            let mut old_load = vec![0; nodes];
+            old_load[nodes - 1] = 40;
+            sim.load("api", "old", &old_load, 400 * MS);
+            sim.crash(nodes - 1);
+            sim.advance((20 + seed * 13 % 180) * MS);
+            sim.restart(nodes - 1);
+            sim.advance((300 + seed * 29 % 400) * MS);
+            // The restarted node's first check of a key idle everywhere: a starter.
+            opened += u32::from(sim.check(nodes - 1, "api", "new", 1).allowed());
+            let mut spot = vec![0; nodes];
+            spot[nodes - 1] = 900;
+            spot[0] = 300;
+            sim.load("api", "new", &spot, 200 * MS);
+            sim.load("api", "old", &vec![900; nodes], 1500 * MS);
+            sim.load("api", "new", &vec![900; nodes], 1500 * MS);
+            for key in ["old", "new"] {
+                for (w, n) in sim.key_windows(key) {
+                    assert!(
+                        n <= 100,
+                        "{nodes} nodes, seed {seed}, {key} window {w}: {n}"
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        opened >= 60,
+        "{opened} of 80 restarted nodes opened a starter"
+    );
+}
+
 /// An instant runs as soon as every frame of its round is in, often a millisecond after the
 /// boundary rather than δ after it. A check denied between that instant and δ waits for the
 /// next round's instant, and its `retry_after` says so: it said "δ less the time since the
 /// boundary", so a check held for that lease (`Engine::lease_pause`) was let go and denied
-/// just before the room it waited for came (a restarted node's new keys on a sliding log,
-/// every one of them for a sub-slot, on real nodes).
+/// just before the room it waited for came (new keys at a node unbased in a sliding log's
+/// sub-slot, on real nodes).
 #[test]
 fn a_denial_after_an_early_instant_waits_for_the_next_one() {
     for seed in 1..=3 {
         let mut sim = Sim::new(3, rules_fixed(), Params::default(), seed);
         sim.advance(2 * SECOND - sim.now % SECOND + 100 * MS);
-        sim.crash(2);
-        sim.advance(50 * MS);
-        sim.restart(2);
-        sim.advance(400 * MS);
+        // Node 0 spends much of the window: node 2 holds its part of what is left.
+        sim.load("api", "hot", &[900, 0, 0], 60 * MS);
         // 5 ms after a boundary: the round's frames are in (1 ms each), so its instant ran.
         let round = DEFAULT_ROUND;
         sim.advance(round - sim.clock(2) % round + 5 * MS);
-        let instants = sim.node(2).instants();
-        let d = sim.check(2, "api", "new", 1);
+        let denied = (0..100).find_map(|_| match sim.check(2, "api", "hot", 1) {
+            d if d.allowed() => None,
+            d => Some(d),
+        });
+        let d = denied.expect("node 2 spends what it holds");
         let Verdict::Deny { retry_after } = d.verdict else {
-            panic!("seed {seed}: a restarted node holds no room of a new key: {d:?}");
+            panic!("seed {seed}: {d:?}");
         };
+        assert!(
+            d.remaining >= 1,
+            "seed {seed}: room left in the cluster: {d:?}"
+        );
         assert!(
             retry_after >= round - 5 * MS,
             "seed {seed}: retry_after {retry_after} ns, before the next round's instant"
         );
-        // Waiting that long brings the room.
+        // Waiting that long brings more room.
         sim.advance(retry_after);
-        assert!(sim.node(2).instants() > instants, "seed {seed}");
-        let d = sim.check(2, "api", "new", 1);
+        let d = sim.check(2, "api", "hot", 1);
         assert!(d.allowed(), "seed {seed}: {d:?}");
     }
 }
