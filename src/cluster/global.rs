@@ -862,8 +862,9 @@ pub struct Global {
     /// Whether the last instant held for a partition (`RoundState::hold_from` set): no
     /// grant comes in the slots open then, so a check is not held for one.
     holding: AtomicBool,
-    /// Starters open only in slots nobody has a base in: those whose first instant is before
-    /// this round (the earliest era any participant published; `u64::MAX`: nobody has one).
+    /// Starters open in slots nobody has a base in: those whose first instant is before this
+    /// round (the earliest era any participant published; `u64::MAX`: nobody has one); and
+    /// beside bases (`starters_beside_bases`).
     based_from: AtomicU64,
     /// Whether the last instant was all-reachable with every participant's latest era at the
     /// participants it had: then starters open also in slots others are based in, where this
@@ -1104,16 +1105,18 @@ impl Global {
     }
 
     /// Whether the last instant opened starters in slot `x` of `l` (see
-    /// [`Global::starters_from`]): where nobody has a base, or, at an all-reachable instant
-    /// with every participant's bases at the participants it had, where this node has none
-    /// (design §3.3.1, starters beside bases). Read after the phase.
+    /// [`Global::starters_from`]): where nobody has a base, or, for a fixed window, at an
+    /// all-reachable instant with every participant's bases at the participants it had,
+    /// where this node has none (design §3.3.1, starters beside bases). Read after the phase.
     fn starters_in(&self, l: &GLimit, x: u64) -> bool {
         let from = self.starters_from.load(Ordering::Acquire);
         let first = self.first_instant(l, x);
         from != u64::MAX
             && first >= from
             && (first < self.based_from.load(Ordering::Acquire)
-                || (self.starters_beside_bases.load(Ordering::Acquire) && self.my_base(l, x) == 0))
+                || (l.kind == Kind::Fixed
+                    && self.starters_beside_bases.load(Ordering::Acquire)
+                    && self.my_base(l, x) == 0))
     }
 
     /// This node's base in slot `x` of the windowed limit `l` (design §3.3.1, bases): what it
@@ -2445,7 +2448,12 @@ impl Global {
                             );
                             debug_assert!(
                                 !(could_start && in_use),
-                                "key {key} was open to a starter before instant {n} but is in use"
+                                "key {key} was open to a starter before instant {n} but is in use: demands {demands:?}, counts {} / {}, grants {:?}, reports {:?}",
+                                SlotReader::new(&st_ref.counters, &l.label, key).total(l.slot(now)),
+                                SlotReader::new(&st_ref.counters, &l.label, key)
+                                    .total(l.slot(now) + 1),
+                                w.grants,
+                                scratch.reports,
                             );
                             idle &= !in_use;
                         }
@@ -2794,15 +2802,17 @@ impl Global {
                 .filter_map(|j| explicit_in(j, x))
                 .fold(0, u64::saturating_add);
             if x == cur {
-                // Only a slot with a count and no room held can be charged (the common cases
-                // cost no lookup), and only if every count the budget reads is a reachable
-                // participant's in this slot, each within its starter. Starters open only
-                // where nobody has a base.
+                // Only a slot with a count and no explicit room held can be charged (the common
+                // cases cost no lookup), and only if every count the budget reads is a
+                // reachable participant's in this slot, each within its starter or base.
                 used_in_cur = a_known > 0;
                 // Starters run beside bases when every participant is reachable and each
                 // based one's latest era is at the participants there are: then the bases
-                // (at most ⌊C'/N⌋ each) and the starters (⌊C/N⌋ each) sum to at most C.
-                let beside = all_reachable
+                // (at most ⌊C'/N⌋ each) and the starters (⌊C/N⌋ each) sum to at most C. Fixed
+                // windows only: a sliding budget reads earlier slots, whose counts a node
+                // that forgot the key does not see when it decides a check.
+                let beside = l.kind == Kind::Fixed
+                    && all_reachable
                     && eras
                         .iter()
                         .all(|e| e.last().is_none_or(|&(_, m)| m as usize == parts.len()));
