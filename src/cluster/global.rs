@@ -2226,25 +2226,24 @@ impl Global {
         if consistent && all_reachable && st.my_eras.is_empty() {
             self.push_era(st, n + 1, participants);
         }
-        let based_from = std::iter::once(st.my_eras.first())
+        // Every participant's eras, this node's first.
+        let eras: Vec<&[(u64, u32)]> = std::iter::once(st.my_eras.as_slice())
             .chain(
                 st.peers
                     .values()
                     .filter(|p| self.participates(p))
-                    .map(|p| p.eras.first()),
+                    .map(|p| p.eras.as_slice()),
             )
-            .map(|e| e.map_or(u64::MAX, |&(from, _)| from))
+            .collect();
+        let based_from = eras
+            .iter()
+            .map(|e| e.first().map_or(u64::MAX, |&(from, _)| from))
             .min()
             .unwrap_or(u64::MAX);
         self.based_from.store(based_from, Ordering::Release);
-        let eras_current = std::iter::once(st.my_eras.last())
-            .chain(
-                st.peers
-                    .values()
-                    .filter(|p| self.participates(p))
-                    .map(|p| p.eras.last()),
-            )
-            .all(|e| e.is_none_or(|&(_, m)| u64::from(m) == participants));
+        let eras_current = eras
+            .iter()
+            .all(|e| e.last().is_none_or(|&(_, m)| u64::from(m) == participants));
         self.starters_beside_bases.store(
             consistent && all_reachable && eras_current,
             Ordering::Release,
