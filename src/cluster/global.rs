@@ -296,6 +296,14 @@ impl GLimit {
         now / self.slot_len
     }
 
+    /// Whether its slots have bases (design §3.3.1): fixed windows only. A sliding budget
+    /// reads earlier slots, whose counts can exceed their holders' bases (room granted by
+    /// demand, a past incarnation's counts, a base of fewer participants), so a base there
+    /// would be a claim on room already spent.
+    fn based(&self) -> bool {
+        self.kind == Kind::Fixed
+    }
+
     /// Whether a decision can read `slot` at `now`, now or in the next slot: not the far
     /// future, not past the lookback (design §4, far-off slots).
     fn readable(&self, slot: u64, now: Nanos) -> bool {
@@ -1105,23 +1113,26 @@ impl Global {
     }
 
     /// Whether the last instant opened starters in slot `x` of `l` (see
-    /// [`Global::starters_from`]): where nobody has a base, or, for a fixed window, at an
-    /// all-reachable instant with every participant's bases at the participants it had,
-    /// where this node has none (design §3.3.1, starters beside bases). Read after the phase.
+    /// [`Global::starters_from`]): where nobody has a base (a sliding algorithm's slots
+    /// never have one, [`GLimit::based`]), or, for a fixed window, at an all-reachable
+    /// instant with every participant's bases at the participants it had, where this node
+    /// has none (design §3.3.1, starters beside bases). Read after the phase.
     fn starters_in(&self, l: &GLimit, x: u64) -> bool {
         let from = self.starters_from.load(Ordering::Acquire);
         let first = self.first_instant(l, x);
         from != u64::MAX
             && first >= from
             && (first < self.based_from.load(Ordering::Acquire)
-                || (l.kind == Kind::Fixed
-                    && self.starters_beside_bases.load(Ordering::Acquire)
-                    && self.my_base(l, x) == 0))
+                || l.kind != Kind::Fixed
+                || (self.starters_beside_bases.load(Ordering::Acquire) && self.my_base(l, x) == 0))
     }
 
     /// This node's base in slot `x` of the windowed limit `l` (design §3.3.1, bases): what it
     /// holds of every key it has published no holding for, from its last two eras.
     fn my_base(&self, l: &GLimit, x: u64) -> u64 {
+        if !l.based() {
+            return 0;
+        }
         let first = self.first_instant(l, x);
         let c = l.limit.limit();
         // The era the slot falls in, and no more than any later era's (a base shrinks in the
@@ -1818,7 +1829,10 @@ impl Global {
                         g.allowance = g.used.saturating_add(left);
                         // Nothing held is published too where this node has a base: what it
                         // does not publish, it holds its base of.
-                        if left > 0 || base_of(&st.my_eras, c, self.first_instant(l, g.slot)) > 0 {
+                        if left > 0
+                            || (l.based()
+                                && base_of(&st.my_eras, c, self.first_instant(l, g.slot)) > 0)
+                        {
                             held.push((g.slot, left));
                         }
                     }
@@ -2716,7 +2730,13 @@ impl Global {
                     .map_or(st.my_eras.as_slice(), |p| p.eras.as_slice())
             })
             .collect();
-        let base_in = |j: usize, x: u64| base_of(eras[j], c, self.first_instant(l, x));
+        let base_in = |j: usize, x: u64| {
+            if l.based() {
+                base_of(eras[j], c, self.first_instant(l, x))
+            } else {
+                0
+            }
+        };
         // When a slot's budget is read: now for the current slot, the next boundary for one
         // leased ahead.
         let read_at = |x: u64| if x == cur { now } else { boundary_next };
