@@ -1688,3 +1688,32 @@ fn a_denial_after_an_early_instant_waits_for_the_next_one() {
         assert!(d.allowed(), "seed {seed}: {d:?}");
     }
 }
+
+/// A hot key at three times its limit on the sliding algorithms, admitted per second (design
+/// §3.3.3): `cargo test --release --lib sliding_hot_keys_table -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: prints what a hot sliding key is admitted"]
+fn sliding_hot_keys_table() {
+    let (names, _, rules) = rules_sliding();
+    for (nodes, load) in [
+        (3, vec![100, 100, 100]),
+        (3, vec![240, 30, 30]),
+        (5, vec![60; 5]),
+    ] {
+        for r in [0usize, 2] {
+            let mut admitted = 0;
+            for seed in 1..=3u64 {
+                let mut sim = Sim::new(nodes, rules.clone(), Params::default(), seed);
+                sim.advance(300 * MS);
+                let mut logs = vec![Vec::new()];
+                load_logged(&mut sim, &[names[r]], "hot", &load, 10 * SECOND, &mut logs);
+                admitted += logs[0].len();
+            }
+            println!(
+                "{nodes} nodes, load {load:?} per mille, {}: {:.1} per second",
+                names[r],
+                admitted as f64 / 30.0
+            );
+        }
+    }
+}
