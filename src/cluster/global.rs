@@ -2835,28 +2835,39 @@ impl Global {
                     && eras
                         .iter()
                         .all(|e| e.last().is_none_or(|&(_, m)| m as usize == parts.len()));
+                // A participant's use of the budget: its own counts, each slot the budget reads
+                // (a sliding one reads earlier slots: a starter may have been spent in the
+                // slot before, or its key first counted there by another).
+                let own = |i: usize| l.budget(cur, now, |y| slots.count(y, parts[i].actor));
+                let span = cur + 1 - l.span().min(cur + 1)..=cur;
                 let started = used_in_cur
                     && (!based || beside)
                     && explicit_total == 0
-                    && a_known == slots.total(cur)
-                    && reachable.iter().enumerate().try_fold(0u64, |sum, (j, &i)| {
+                    && span.clone().map(|y| slots.total(y)).sum::<u64>()
+                        == reachable
+                            .iter()
+                            .map(|&i| {
+                                span.clone()
+                                    .map(|y| slots.count(y, parts[i].actor))
+                                    .sum::<u64>()
+                            })
+                            .sum::<u64>()
+                    && reachable.iter().enumerate().all(|(j, &i)| {
                         let base = base_in(j, cur);
                         let size = if base > 0 {
                             base
                         } else {
                             parts[i].open.map_or(0, |n| c / u64::from(n.max(1)))
                         };
-                        let count = slots.count(cur, parts[i].actor);
-                        (count <= size).then_some(sum + count)
-                    }) == Some(a_known);
+                        own(i) <= size
+                    });
                 if started {
                     for (j, &i) in reachable.iter().enumerate() {
                         if let Some(n) = parts[i].open
                             && base_in(j, cur) == 0
                         {
                             let size = c / u64::from(n.max(1));
-                            let count = slots.count(cur, parts[i].actor);
-                            helds[j] = helds[j].max(size.saturating_sub(count));
+                            helds[j] = helds[j].max(size.saturating_sub(own(i)));
                         }
                     }
                     charged = parts[0].open.is_some() && base_in(0, cur) == 0;

@@ -1717,3 +1717,48 @@ fn sliding_hot_keys_table() {
         }
     }
 }
+
+/// Starters charged across slots: a sliding key first counted at one node in the last
+/// millisecond of a slot, and taken by another node's starter in the first millisecond of the
+/// next (before the instant: it does not know the key is used), then spent flat out by every
+/// node. The instant's frames show the count in the earlier slot; the starters were charged
+/// only where every count was in the current slot, so both ended uncharged and the one spent
+/// in the new slot was counted by nobody: 101 of 100 on every seed. Each open node is now
+/// charged its starter less its whole use of the budget.
+#[test]
+fn a_starter_spent_in_the_slot_after_the_keys_first_count_is_charged() {
+    let (names, limits, rules) = rules_sliding();
+    for r in [0usize, 2] {
+        let slot = if r == 0 { DEFAULT_ROUND } else { SECOND };
+        for nodes in [3usize, 5] {
+            for seed in 1..=10u64 {
+                let mut sim = Sim::new(nodes, rules.clone(), Params::default(), seed);
+                sim.advance(2 * SECOND - sim.now % SECOND);
+                let mut logs = vec![Vec::new()];
+                sim.advance(slot - sim.clock(nodes - 1) % slot - MS);
+                for (i, wait) in [(nodes - 1, 2 * MS), (0, 10 * MS)] {
+                    let at = sim.clock(i);
+                    if sim.check(i, names[r], "k", 1).allowed() {
+                        logs[0].push(at);
+                    }
+                    sim.advance(wait);
+                }
+                load_logged(
+                    &mut sim,
+                    &[names[r]],
+                    "k",
+                    &vec![1000; nodes],
+                    2 * SECOND,
+                    &mut logs,
+                );
+                let worst = worst_sliding(&limits[r], &logs[0]);
+                assert!(
+                    worst <= 100.0 + 1e-9,
+                    "{nodes} nodes, seed {seed}, {}: a budget of {worst:.2}",
+                    names[r]
+                );
+                assert!(logs[0].len() >= 100, "{}: {}", names[r], logs[0].len());
+            }
+        }
+    }
+}
