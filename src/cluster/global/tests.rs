@@ -1762,3 +1762,62 @@ fn a_starter_spent_in_the_slot_after_the_keys_first_count_is_charged() {
         }
     }
 }
+
+/// The sliding budgets under the faults the seeded sweep draws for fixed windows (which it
+/// judges; it does not judge sliding ones): a hot key 80% at one node, then 10% loss with
+/// jitter, a node that hears nothing, a partition, a paused node, each for a second or so,
+/// then healed. Under `hold`, a log never admits more than its limit in any period, and a
+/// sliding counter never more than its limit in an aligned window (the guarantees of design
+/// §3.4).
+#[test]
+fn sliding_budgets_hold_through_loss_cuts_and_pauses() {
+    let (names, limits, rules) = rules_sliding();
+    for nodes in [3usize, 5] {
+        for seed in 1..=8u64 {
+            let mut sim = Sim::new(nodes, rules.clone(), Params::default(), seed);
+            sim.advance(300 * MS);
+            let mut logs = vec![Vec::new(); names.len()];
+            let mut load = vec![150; nodes];
+            load[0] = 900;
+            load_logged(&mut sim, &names, "hot", &load, 1500 * MS, &mut logs);
+            sim.net.loss = 100;
+            sim.net.jitter = 30 * MS;
+            load_logged(&mut sim, &names, "hot", &load, 1200 * MS, &mut logs);
+            sim.net.loss = 0;
+            sim.net.jitter = 0;
+            // Node 1 hears nothing.
+            for b in 0..nodes {
+                if b != 1 {
+                    sim.net.cut.insert((b, 1));
+                }
+            }
+            load_logged(&mut sim, &names, "hot", &load, 1200 * MS, &mut logs);
+            sim.net.cut.clear();
+            load_logged(&mut sim, &names, "hot", &load, 600 * MS, &mut logs);
+            sim.partition(&[nodes - 1]);
+            load_logged(&mut sim, &names, "hot", &load, 1500 * MS, &mut logs);
+            sim.net.cut.clear();
+            load_logged(&mut sim, &names, "hot", &load, 600 * MS, &mut logs);
+            sim.pause(0, 400 * MS);
+            load_logged(&mut sim, &names, "hot", &load, 1500 * MS, &mut logs);
+            for (r, l) in limits.iter().enumerate() {
+                let (worst, what) = match l.algorithm() {
+                    Algorithm::SlidingWindowLog => (worst_sliding(l, &logs[r]), "a period"),
+                    _ => {
+                        let mut windows: BTreeMap<u64, u64> = BTreeMap::new();
+                        for t in &logs[r] {
+                            *windows.entry(t / l.period()).or_default() += 1;
+                        }
+                        let most = windows.values().copied().max().unwrap_or(0);
+                        (most as f64, "an aligned window")
+                    }
+                };
+                assert!(
+                    worst <= 100.0 + 1e-9,
+                    "{nodes} nodes, seed {seed}, {}: {worst:.2} in {what}",
+                    names[r]
+                );
+            }
+        }
+    }
+}
