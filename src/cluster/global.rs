@@ -1123,8 +1123,17 @@ impl Global {
         from != u64::MAX
             && first >= from
             && (first < self.based_from.load(Ordering::Acquire)
-                || l.kind != Kind::Fixed
+                || !l.based()
                 || (self.starters_beside_bases.load(Ordering::Acquire) && self.my_base(l, x) == 0))
+    }
+
+    /// The base a participant with `eras` holds in slot `x` of `l` (0 where `l` has none).
+    fn base_in_eras(&self, l: &GLimit, eras: &[(u64, u32)], x: u64) -> u64 {
+        if l.based() {
+            base_of(eras, l.limit.limit(), self.first_instant(l, x))
+        } else {
+            0
+        }
     }
 
     /// This node's base in slot `x` of the windowed limit `l` (design §3.3.1, bases): what it
@@ -1813,7 +1822,6 @@ impl Global {
                     w.others.retain(|(slot, _)| *slot >= oldest);
                     w.grants.retain(|g| g.slot >= cur);
                     let mut held = Vec::new();
-                    let c = l.limit.limit();
                     for g in &mut w.grants {
                         // A starter runs on to the next instant, which charges it to this
                         // node (or ends it); it is no held room to publish.
@@ -1829,10 +1837,7 @@ impl Global {
                         g.allowance = g.used.saturating_add(left);
                         // Nothing held is published too where this node has a base: what it
                         // does not publish, it holds its base of.
-                        if left > 0
-                            || (l.based()
-                                && base_of(&st.my_eras, c, self.first_instant(l, g.slot)) > 0)
-                        {
+                        if left > 0 || self.base_in_eras(l, &st.my_eras, g.slot) > 0 {
                             held.push((g.slot, left));
                         }
                     }
@@ -2730,13 +2735,7 @@ impl Global {
                     .map_or(st.my_eras.as_slice(), |p| p.eras.as_slice())
             })
             .collect();
-        let base_in = |j: usize, x: u64| {
-            if l.based() {
-                base_of(eras[j], c, self.first_instant(l, x))
-            } else {
-                0
-            }
-        };
+        let base_in = |j: usize, x: u64| self.base_in_eras(l, eras[j], x);
         // When a slot's budget is read: now for the current slot, the next boundary for one
         // leased ahead.
         let read_at = |x: u64| if x == cur { now } else { boundary_next };
