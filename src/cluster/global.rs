@@ -877,7 +877,7 @@ pub struct Global {
     /// Whether the last instant was all-reachable with every participant's latest era at the
     /// participants it had: then starters open also in slots others are based in, where this
     /// node is not (see [`Global::starters_in`]).
-    starters_beside_bases: std::sync::atomic::AtomicBool,
+    starters_beside_bases: AtomicBool,
     /// This node's last two base eras ([`RoundState::my_eras`]), packed by [`pack_era`] for
     /// the check path: the latest and the one before (`u64::MAX`: none).
     era_latest: AtomicU64,
@@ -993,7 +993,7 @@ impl Global {
             starters_from: AtomicU64::new(u64::MAX),
             holding: AtomicBool::new(false),
             based_from: AtomicU64::new(u64::MAX),
-            starters_beside_bases: std::sync::atomic::AtomicBool::new(false),
+            starters_beside_bases: AtomicBool::new(false),
             era_latest: AtomicU64::new(u64::MAX),
             era_prev: AtomicU64::new(u64::MAX),
             participants: AtomicU64::new(1),
@@ -2260,11 +2260,8 @@ impl Global {
             .min()
             .unwrap_or(u64::MAX);
         self.based_from.store(based_from, Ordering::Release);
-        let eras_current = eras
-            .iter()
-            .all(|e| e.last().is_none_or(|&(_, m)| u64::from(m) == participants));
         self.starters_beside_bases.store(
-            consistent && all_reachable && eras_current,
+            consistent && all_reachable && eras_at(&eras, participants),
             Ordering::Release,
         );
         if consistent {
@@ -2826,14 +2823,8 @@ impl Global {
                 used_in_cur = a_known > 0;
                 // Starters run beside bases when every participant is reachable and each
                 // based one's latest era is at the participants there are: then the bases
-                // (at most ⌊C'/N⌋ each) and the starters (⌊C/N⌋ each) sum to at most C. Fixed
-                // windows only: a sliding budget reads earlier slots, whose counts a node
-                // that forgot the key does not see when it decides a check.
-                let beside = l.kind == Kind::Fixed
-                    && all_reachable
-                    && eras
-                        .iter()
-                        .all(|e| e.last().is_none_or(|&(_, m)| m as usize == parts.len()));
+                // (at most ⌊C'/N⌋ each) and the starters (⌊C/N⌋ each) sum to at most C.
+                let beside = all_reachable && eras_at(&eras, parts.len() as u64);
                 // A participant's use of the budget: its own counts, each slot the budget reads
                 // (a sliding one reads earlier slots: a starter may have been spent in the
                 // slot before, or its key first counted there by another).
@@ -3368,6 +3359,13 @@ fn pack_era(era: Option<(u64, u32)>) -> u64 {
 /// `⌊(C − ⌊C/20⌋)/n⌋` (design §3.3.1).
 fn base_units(c: u64, n: u64) -> u64 {
     (c - c / ESCROW_MARGIN).checked_div(n).unwrap_or(0)
+}
+
+/// Whether every participant's latest era (`eras`, one list each) is at `n` participants, or
+/// it has none: then starters may run beside the bases (design §3.3.1).
+fn eras_at(eras: &[&[(u64, u32)]], n: u64) -> bool {
+    eras.iter()
+        .all(|e| e.last().is_none_or(|&(_, m)| u64::from(m) == n))
 }
 
 /// A node's base in a slot of a limit of `c` whose first instant is `first`, from the eras it
