@@ -638,10 +638,10 @@ pub struct Outcome {
     /// Checks made while the cluster was whole (every node running and joined, no link
     /// cut or lossy, nobody suspected) that the false-denial invariant says must be admitted
     /// at once ([`judge`], design §3.3.3), and how many of those were denied: reported, not
-    /// yet an invariant a run breaks. `[fixed window, token bucket]`.
-    pub must_admit: [u64; 2],
+    /// yet an invariant a run breaks. One per rule, in the order of [`JUDGED`].
+    pub must_admit: [u64; 4],
     /// Of [`Outcome::must_admit`], the checks denied.
-    pub false_denials: [u64; 2],
+    pub false_denials: [u64; 4],
     /// The judge's line and its first few false denials.
     pub judged: Vec<String>,
     /// The most any interval τ of the run admitted on the token bucket beyond
@@ -651,6 +651,14 @@ pub struct Outcome {
     /// What design §3.5 allows beyond that: the one-unit capacity floor of every node but
     /// one, `N − 1`.
     pub bucket_allowance: u64,
+    /// The sliding rules' worst, by the admitting nodes' clocks (design §3.4): the most the
+    /// log admitted in any period ending at one of its admissions, and the most the counter
+    /// admitted in an aligned window; each with the allowance it had there (under `split`,
+    /// a limit per extra side where a splitting fault overlaps; else 0).
+    pub sliding: [(u64, u64); 2],
+    /// The sliding counter's weighted estimate (§3.4) read at each admission, at its most:
+    /// reported, not judged (the stated bound is per aligned window).
+    pub counter_estimate: f64,
 }
 
 impl Outcome {
@@ -659,6 +667,7 @@ impl Outcome {
         self.windows
             .iter()
             .map(|&(_, n, _, limit)| n.saturating_sub(limit))
+            .chain(self.sliding.iter().map(|&(n, _)| n.saturating_sub(LIMIT)))
             .max()
             .unwrap_or(0)
     }
@@ -699,6 +708,15 @@ impl Outcome {
         );
         let _ = writeln!(
             s,
+            "  sliding log: {} in its worst period (limit {LIMIT} + {}); sliding counter: {} in its worst aligned window (limit {LIMIT} + {}), weighted estimate at most {:.2}",
+            self.sliding[0].0,
+            self.sliding[0].1,
+            self.sliding[1].0,
+            self.sliding[1].1,
+            self.counter_estimate
+        );
+        let _ = writeln!(
+            s,
             "  admitted {} of ideal {}; {} lost; agreed {:?} ms after the load stopped; {:.0} B/node/s",
             self.admitted,
             self.ideal,
@@ -723,6 +741,16 @@ const KEYS: [&str; 2] = ["a", "b"];
 /// The token bucket every run also loads: [`LIMIT`] per second, burst [`LIMIT`].
 const BUCKET_RULE: &str = "tb";
 const BUCKET_KEY: &str = "t";
+/// The sliding rules every run also loads, (rule, key): a log of [`LIMIT`] per 1.6 s (its
+/// sub-slot is a round) and a counter of [`LIMIT`] per second.
+const SLIDING: [(&str, &str); 2] = [("sl", "l"), ("sc", "c")];
+/// The rules the false-denial judge reports on, in the order of [`Outcome::must_admit`].
+pub const JUDGED: [&str; 4] = [
+    "fixed window",
+    "token bucket",
+    "sliding log",
+    "sliding counter",
+];
 
 /// Draws a fault schedule from the sim's generator.
 fn schedule(sim: &mut Sim, setup: &Setup) -> Vec<(Nanos, Fault)> {
@@ -787,12 +815,13 @@ fn apply(sim: &mut Sim, fault: &Fault) {
     }
 }
 
-/// Plays `setup`: a skewed load of 1.5× the limit on two keys, the drawn faults, then a
-/// fault-free stretch. Checks after every 10 ms that no node credits an actor with more
-/// than it admitted (retired actors aside: their ghost is meant to), and at the end that
-/// every window stayed within the limit (under `split`, plus a limit per extra side in the
-/// windows a splitting fault overlaps, design §5), and that every node converged to the
-/// same counts equal to the true ones.
+/// Plays `setup`: a skewed load of 1.5× the limit on two keys of a fixed window, a token
+/// bucket, a sliding log and a sliding counter, the drawn faults, then a fault-free stretch.
+/// Checks after every 10 ms that no node credits an actor with more than it admitted
+/// (retired actors aside: their ghost is meant to), and at the end that every window,
+/// bucket interval and sliding period stayed within the limit (under `split`, plus a limit
+/// per extra side where a splitting fault overlaps, design §5), and that every node
+/// converged to the same counts equal to the true ones.
 pub fn run(setup: &Setup) -> Outcome {
     let params = Params {
         on_partition: setup.on_partition,
@@ -801,11 +830,17 @@ pub fn run(setup: &Setup) -> Outcome {
     let limit = Limit::new(Algorithm::FixedWindow, LIMIT, SECOND, None).expect("a valid limit");
     let bucket =
         Limit::new(Algorithm::TokenBucket, LIMIT, SECOND, Some(LIMIT)).expect("a valid limit");
+    let sliding = [
+        Limit::new(Algorithm::SlidingWindowLog, LIMIT, 1600 * MS, None).expect("a valid limit"),
+        Limit::new(Algorithm::SlidingWindowCounter, LIMIT, SECOND, None).expect("a valid limit"),
+    ];
     let mut sim = Sim::new(
         setup.nodes,
         vec![
             (RULE.into(), vec![limit]),
             (BUCKET_RULE.into(), vec![bucket]),
+            (SLIDING[0].0.into(), vec![sliding[0]]),
+            (SLIDING[1].0.into(), vec![sliding[1]]),
         ],
         params.clone(),
         setup.seed,
@@ -840,10 +875,20 @@ pub fn run(setup: &Setup) -> Outcome {
     // The bucket's admissions per ms of true time.
     let mut bucket_admitted: BTreeMap<u64, u64> = BTreeMap::new();
     let mut suspected: Vec<HashSet<String>> = vec![HashSet::new(); n];
-    let mut judges = [
-        judge::Judge::new(&sim.rules, params.round),
-        judge::Judge::new(&sim.rules, params.round),
-    ];
+    let mut judges: [judge::Judge; 4] =
+        std::array::from_fn(|_| judge::Judge::new(&sim.rules, params.round));
+    // When every node was down at once: the counts of the windows open then are gone with
+    // them (design §2.4), as a standalone node's are when it restarts, so a window is judged
+    // on what was admitted since the last such moment.
+    let mut outages: Vec<Nanos> = Vec::new();
+    // Since when each node's messages have not reached some peer, and the spans (node, from,
+    // crash) of nodes that crashed so cut off: what they admitted then may never have
+    // reached anyone, and their retirement may charge less than that (design §5, "A dead
+    // member under `hold`": not covered), so the sliding judge allows it.
+    let mut cut_since: Vec<Option<Nanos>> = vec![None; n];
+    let mut orphans: Vec<(usize, Nanos, Nanos)> = Vec::new();
+    // The sliding rules' admissions.
+    let mut slid: [Vec<Slid>; 2] = [Vec::new(), Vec::new()];
     while sim.now < end {
         while next < plan.len() && start + plan[next].0 <= sim.now {
             let fault = &plan[next].1;
@@ -854,8 +899,22 @@ pub fn run(setup: &Setup) -> Outcome {
                 && let Some(g) = &sim.nodes[*i]
             {
                 retired.insert(g.me().clone());
+                if let Some(from) = cut_since[*i] {
+                    orphans.push((*i, from, sim.now));
+                }
             }
             apply(&mut sim, fault);
+            if (0..n).all(|i| !sim.running(i)) {
+                outages.push(sim.now);
+            }
+            for (j, since) in cut_since.iter_mut().enumerate() {
+                let cut = (0..n).any(|i| sim.net.cut.contains(&(j, i)));
+                match (cut, *since) {
+                    (true, None) => *since = Some(sim.now),
+                    (false, _) => *since = None,
+                    _ => {}
+                }
+            }
             next += 1;
         }
         if !healed && sim.now >= faults_end {
@@ -888,6 +947,21 @@ pub fn run(setup: &Setup) -> Outcome {
                     judges[1].check(BUCKET_RULE, BUCKET_KEY, i, n, sim.clock(i), 1, &d, whole);
                     if d.allowed() {
                         *bucket_admitted.entry(sim.now / MS).or_default() += 1;
+                    }
+                }
+                for (r, (rule, key)) in SLIDING.into_iter().enumerate() {
+                    if sim.running(i) && sim.random() % 1000 < p {
+                        let at = sim.clock(i);
+                        let d = sim.check(i, rule, key, 1);
+                        judges[2 + r].check(rule, key, i, n, at, 1, &d, whole);
+                        if d.allowed() {
+                            slid[r].push(Slid {
+                                outages: outages.len(),
+                                at,
+                                node: i,
+                                true_at: sim.now,
+                            });
+                        }
                     }
                 }
             }
@@ -928,11 +1002,7 @@ pub fn run(setup: &Setup) -> Outcome {
             .push(format!("no agreement 3 s after the load stopped: {why}"));
     }
     outcome.ideal = offered.values().map(|&o| o.min(LIMIT)).sum();
-    for (i, (name, judge)) in ["fixed window", "token bucket"]
-        .iter()
-        .zip(&judges)
-        .enumerate()
-    {
+    for (i, (name, judge)) in JUDGED.iter().zip(&judges).enumerate() {
         outcome.must_admit[i] = judge.must_admit;
         outcome.false_denials[i] = judge.false_denials;
         outcome.judged.push(format!("{name}: {}", judge.line()));
@@ -957,8 +1027,9 @@ pub fn run(setup: &Setup) -> Outcome {
         OnPartition::Hold => 0,
         OnPartition::Split => n as u64 - 1,
     };
-    check_windows(&sim, &splits, sides, &mut outcome);
+    check_windows(&sim, &splits, &outages, sides, &mut outcome);
     check_bucket(&bucket_admitted, &splits, sides, n, &mut outcome);
+    check_sliding(&sliding, &mut slid, &splits, &orphans, sides, &mut outcome);
     let seconds = (sim.now - start) as f64 / SECOND as f64;
     outcome.bytes_per_node_second = sim.bytes_sent.iter().sum::<u64>() as f64 / n as f64 / seconds;
     outcome
@@ -985,9 +1056,12 @@ pub struct Summary {
     /// The token bucket's worst interval over `burst + rate·τ`, over every run.
     pub bucket_excess: Option<i64>,
     /// [`Outcome::must_admit`], summed.
-    pub must_admit: [u64; 2],
+    pub must_admit: [u64; 4],
     /// [`Outcome::false_denials`], summed.
-    pub false_denials: [u64; 2],
+    pub false_denials: [u64; 4],
+    /// The sliding counter's worst weighted estimate over every run
+    /// ([`Outcome::counter_estimate`]).
+    pub counter_estimate: f64,
 }
 
 impl Summary {
@@ -1002,24 +1076,32 @@ impl Summary {
     /// and agreement times.
     pub fn line(&self, took: std::time::Duration) -> String {
         let pct = |q| self.converged_ms(q);
+        let denied: Vec<String> = JUDGED
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                format!(
+                    "{name} {} of {} ({:.2}%)",
+                    self.false_denials[i],
+                    self.must_admit[i],
+                    100.0 * self.false_denials[i] as f64 / self.must_admit[i].max(1) as f64
+                )
+            })
+            .collect();
         format!(
-            "{} seeds in {:.0} s: {} broke an invariant; admitted {:.1}% of ideal; worst window {} over the limit (within its allowance unless failed); token bucket's worst interval {:+} over burst + rate × τ; {} lost; agreement after the load stopped: median {} ms, p99 {} ms, max {} ms; checks far from the limit with the cluster whole that were denied (design §3.3.3, reported, not an invariant yet): fixed window {} of {} ({:.2}%), token bucket {} of {} ({:.2}%)",
+            "{} seeds in {:.0} s: {} broke an invariant; admitted {:.1}% of ideal (fixed window); worst window or sliding period {} over the limit (within its allowance unless failed); token bucket's worst interval {:+} over burst + rate × τ; sliding counter's weighted estimate at most {:.2}; {} lost; agreement after the load stopped: median {} ms, p99 {} ms, max {} ms; checks far from the limit with the cluster whole that were denied (design §3.3.3, reported, not an invariant yet): {}",
             self.runs,
             took.as_secs_f64(),
             self.failures.len(),
             100.0 * self.admitted as f64 / self.ideal.max(1) as f64,
             self.worst_over,
             self.bucket_excess.unwrap_or(0),
+            self.counter_estimate,
             self.lost,
             pct(50),
             pct(99),
             pct(100),
-            self.false_denials[0],
-            self.must_admit[0],
-            100.0 * self.false_denials[0] as f64 / self.must_admit[0].max(1) as f64,
-            self.false_denials[1],
-            self.must_admit[1],
-            100.0 * self.false_denials[1] as f64 / self.must_admit[1].max(1) as f64
+            denied.join(", ")
         )
     }
 }
@@ -1044,10 +1126,11 @@ pub fn explore(
         s.admitted += outcome.admitted;
         s.ideal += outcome.ideal;
         s.lost += outcome.lost;
-        for i in 0..2 {
+        for i in 0..JUDGED.len() {
             s.must_admit[i] += outcome.must_admit[i];
             s.false_denials[i] += outcome.false_denials[i];
         }
+        s.counter_estimate = s.counter_estimate.max(outcome.counter_estimate);
         s.converged.extend(outcome.converged_after);
         if !outcome.violations.is_empty() {
             s.failures.push(outcome.describe(&setup));
@@ -1340,16 +1423,145 @@ pub fn worst_excess(
     worst.div_euclid(1000)
 }
 
-/// Every window within the limit. Under `split`, a window that a splitting fault overlaps
-/// may also admit `extra_sides` more limits.
-fn check_windows(sim: &Sim, splits: &[Nanos], extra_sides: u64, outcome: &mut Outcome) {
+/// The sliding rules within the limit, judged on the admitting nodes' clocks (design §3.4):
+/// the log never over in any period ending at one of its admissions (any period: the count
+/// only grows at an admission), the counter never over in an aligned window. Under `split`,
+/// a period or window that a splitting fault overlaps may also admit `extra_sides` more
+/// limits, and one may also admit what it holds of the `orphans`' admissions ((node, from,
+/// to): a node that crashed while cut off, design §5). Each stretch between two moments
+/// with every node down is judged on its own. Also finds the counter's weighted estimate at
+/// its most (reported).
+fn check_sliding(
+    limits: &[Limit; 2],
+    admitted: &mut [Vec<Slid>; 2],
+    splits: &[Nanos],
+    orphans: &[(usize, Nanos, Nanos)],
+    extra_sides: u64,
+    outcome: &mut Outcome,
+) {
+    for (r, all) in admitted.iter_mut().enumerate() {
+        all.sort_unstable_by_key(|a| (a.outages, a.at));
+        for stretch in all.chunk_by(|a, b| a.outages == b.outages) {
+            let at: Vec<Nanos> = stretch.iter().map(|a| a.at).collect();
+            // Orphaned admissions up to each one, in the same order.
+            let orphaned: Vec<u64> = stretch
+                .iter()
+                .scan(0, |n, a| {
+                    *n += u64::from(
+                        orphans
+                            .iter()
+                            .any(|&(j, from, to)| a.node == j && (from..to).contains(&a.true_at)),
+                    );
+                    Some(*n)
+                })
+                .collect();
+            check_sliding_stretch(r, &limits[r], &at, &orphaned, splits, extra_sides, outcome);
+        }
+    }
+}
+
+/// A sliding rule's admission, as [`check_sliding`] judges it.
+#[derive(Clone, Copy, Debug)]
+struct Slid {
+    /// Moments with every node down before it.
+    outages: usize,
+    /// The admitting node's clock.
+    at: Nanos,
+    /// The admitting node.
+    node: usize,
+    /// True time.
+    true_at: Nanos,
+}
+
+/// [`check_sliding`] for sliding rule `r` over one stretch: its admissions `at`, sorted, and
+/// how many of those up to each were orphaned.
+fn check_sliding_stretch(
+    r: usize,
+    l: &Limit,
+    at: &[Nanos],
+    orphaned: &[u64],
+    splits: &[Nanos],
+    extra_sides: u64,
+    outcome: &mut Outcome,
+) {
     let fault_end = splits.iter().copied().max().unwrap_or(0);
     let fault_start = splits.iter().copied().min().unwrap_or(0);
-    let mut per_slot: BTreeMap<(&str, u64), (u64, u64)> = BTreeMap::new();
-    for (_, key, slot, cost) in &sim.log {
-        per_slot.entry((key.as_str(), *slot)).or_default().0 += cost;
+    // Orphaned admissions with a clock in [from, to).
+    let orphaned_in = |from: Nanos, to: Nanos| {
+        let upto = |t: Nanos| match at.partition_point(|&a| a < t) {
+            0 => 0,
+            k => orphaned[k - 1],
+        };
+        upto(to) - upto(from)
+    };
+    let allowance = |from: Nanos, to: Nanos| {
+        let sides = if from < fault_end && to > fault_start {
+            extra_sides * LIMIT
+        } else {
+            0
+        };
+        sides + orphaned_in(from, to)
+    };
+    let w = l.period();
+    let below = |t: Nanos| at.partition_point(|&a| a <= t) as u64;
+    let mut worst = outcome.sliding[r];
+    let mut judge = |n: u64, allow: u64, what: String| {
+        if n.saturating_sub(allow) > worst.0.saturating_sub(worst.1) {
+            worst = (n, allow);
+        }
+        if n > LIMIT + allow {
+            outcome.violations.push(format!(
+                "{}: {n} admitted in {what}, limit {LIMIT} + {allow} allowed",
+                JUDGED[2 + r]
+            ));
+        }
+    };
+    if l.algorithm() == Algorithm::SlidingWindowLog {
+        for &t in at {
+            let n = below(t) - below(t.saturating_sub(w));
+            let from = (t + 1).saturating_sub(w);
+            judge(
+                n,
+                allowance(from, t + 1),
+                format!("the period ending {t} ns"),
+            );
+        }
+    } else {
+        let mut per: BTreeMap<u64, u64> = BTreeMap::new();
+        for t in at {
+            *per.entry(t / w).or_default() += 1;
+        }
+        for (&s, &n) in &per {
+            judge(n, allowance(s * w, (s + 1) * w), format!("window {s}"));
+        }
+        for &t in at {
+            let s = t / w;
+            let elapsed = (t - s * w) as f64 / w as f64;
+            let prev = per.get(&s.wrapping_sub(1)).copied().unwrap_or(0) as f64;
+            let cur = (below(t) - at.partition_point(|&a| a < s * w) as u64) as f64;
+            outcome.counter_estimate = outcome.counter_estimate.max(prev * (1.0 - elapsed) + cur);
+        }
     }
-    for ((key, slot), (n, mut allowance)) in per_slot {
+    outcome.sliding[r] = worst;
+}
+
+/// Every window within the limit. Under `split`, a window that a splitting fault overlaps
+/// may also admit `extra_sides` more limits.
+fn check_windows(
+    sim: &Sim,
+    splits: &[Nanos],
+    outages: &[Nanos],
+    extra_sides: u64,
+    outcome: &mut Outcome,
+) {
+    let fault_end = splits.iter().copied().max().unwrap_or(0);
+    let fault_start = splits.iter().copied().min().unwrap_or(0);
+    let mut per_slot: BTreeMap<(&str, u64, usize), (u64, u64)> = BTreeMap::new();
+    for (at, key, slot, cost) in &sim.log {
+        let since = outages.partition_point(|&o| o <= *at);
+        per_slot.entry((key.as_str(), *slot, since)).or_default().0 += cost;
+    }
+    for ((key, slot, _), (n, mut allowance)) in per_slot {
         let (from, to) = (slot * SECOND, (slot + 1) * SECOND);
         if from < fault_end && to > fault_start {
             allowance += extra_sides * LIMIT;
@@ -1587,5 +1799,54 @@ mod tests {
         let b = run(&setup);
         assert_eq!(a.describe(&setup), b.describe(&setup));
         assert!(!a.schedule.is_empty());
+    }
+
+    /// The sliding judge reads every period a log admission ends, and every aligned window of
+    /// a counter, and allows only the crashes it states: a run's "held" means something.
+    #[test]
+    fn the_sliding_judge_finds_one_over_and_allows_only_what_a_node_cut_off_then_killed_admitted() {
+        let limits = [
+            Limit::new(Algorithm::SlidingWindowLog, LIMIT, 1600 * MS, None).unwrap(),
+            Limit::new(Algorithm::SlidingWindowCounter, LIMIT, SECOND, None).unwrap(),
+        ];
+        let at = |node: usize, t: Nanos| Slid {
+            outages: 0,
+            at: START + t,
+            node,
+            true_at: START + t,
+        };
+        // 100 at node 0 in the first 1.5 s, all within any period; then one more at 1.59 s
+        // (the log's period holds 101) and one in the counter's next window.
+        let mut log: Vec<Slid> = (0..100).map(|k| at(0, k * 15 * MS)).collect();
+        log.push(at(1, 1590 * MS));
+        let judge = |admitted: &mut [Vec<Slid>; 2], orphans: &[(usize, Nanos, Nanos)]| {
+            let mut o = Outcome::default();
+            check_sliding(&limits, admitted, &[], orphans, 0, &mut o);
+            o
+        };
+        let o = judge(&mut [log.clone(), log.clone()], &[]);
+        assert_eq!(o.sliding[0], (101, 0), "{:?}", o.violations);
+        assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
+        assert!(
+            o.violations[0].starts_with("sliding log: 101"),
+            "{:?}",
+            o.violations
+        );
+        // The counter's aligned windows hold 67 + 34: none over; its estimate is read.
+        assert_eq!(o.sliding[1].0, 67);
+        assert!(o.counter_estimate > 67.0);
+        // Node 0 cut off from 1.2 s and killed at 1.3 s: its 7 admissions then are allowed.
+        let o = judge(
+            &mut [log.clone(), log.clone()],
+            &[(0, START + 1200 * MS, START + 1300 * MS)],
+        );
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        assert_eq!(o.sliding[0], (101, 7));
+        // Node 1 was the one killed: nothing of node 0's is allowed.
+        let o = judge(
+            &mut [log.clone(), log],
+            &[(1, START + 1200 * MS, START + 1300 * MS)],
+        );
+        assert_eq!(o.violations.len(), 1, "{:?}", o.violations);
     }
 }

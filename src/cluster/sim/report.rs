@@ -179,20 +179,22 @@ pub fn write(path: &Path, threads: usize, large: bool) -> std::io::Result<String
     );
     let _ = writeln!(
         md,
-        "Load: two keys of a fixed-window rule, {LIMIT} per second, and one key of a token \
-         bucket, {LIMIT} per second with a burst of {LIMIT}, each offered 1.5× the \
+        "Load: two keys of a fixed-window rule, {LIMIT} per second, one key of a token \
+         bucket, {LIMIT} per second with a burst of {LIMIT}, one key of a sliding log, {LIMIT} \
+         per 1.6 s, and one of a sliding counter, {LIMIT} per second, each offered 1.5× the \
          limit, spread unevenly over the nodes. Faults from 1 s to 5 s, then the network heals, \
          crashed nodes restart, and the load goes on fault-free to 8 s; then the load stops.\n\n\
          Columns: *admitted* is the share of the ideal (per window, the smaller of the load \
-         offered and the limit); *worst window* is the most any window admitted, against the \
-         limit and the allowance the design gives the faults in that window (none under \
+         offered and the limit); *worst window* is the most any fixed window, sliding-log \
+         period or sliding-counter aligned window admitted (by the admitting nodes' clocks), \
+         against the limit and the allowance the design gives the faults in that window (none under \
          `hold`; under `split`, a whole limit per extra side, design.md §5); *bucket* is the most any \
          interval τ admitted on the token bucket beyond `burst + rate·τ` (under `split`, \
          times the sides where a splitting fault overlaps), against the `N − 1` units of \
          capacity floor design.md §3.5 allows (negative: always below); *agreed* is the \
          time from the load's end until every node holds the same count of every actor, equal \
          to the true count for every live one; *lost* is admissions no node counts at the end; \
-         *false denials* (window / bucket) is, of the checks made while the cluster was whole \
+         *false denials* (fixed window / bucket / log / counter) is, of the checks made while the cluster was whole \
          (every node up and joined, no link cut or lossy, nobody suspected) that design.md \
          §3.3.3's invariant says must be admitted at once, the share denied (reported, not yet \
          an invariant).\n"
@@ -245,7 +247,7 @@ pub fn write(path: &Path, threads: usize, large: bool) -> std::io::Result<String
          from 1 s to 5 s: loss (0–30%), duplication (0–20%), delay (1–10 ms plus 0–40 ms \
          jitter), a partition of up to half the nodes, a deaf node, a cut link (repeated: \
          flapping), heal, crash, restart, pause (0.2–2 s). `gossamer sim --seed N` replays \
-         one and prints its schedule. *False denials* (window / bucket): of the checks made \
+         one and prints its schedule. *False denials* (fixed window / bucket / log / counter): of the checks made \
          while the cluster was whole (every node up and joined, no link cut or lossy, nobody \
          suspected) that design.md §3.3.3's invariant says must be admitted at once, the share \
          denied; reported, not yet an invariant a seed breaks.\n\n\
@@ -419,11 +421,14 @@ pub fn scale_traffic(p: &ScalePoint) -> String {
     )
 }
 
+/// The most any fixed window, log period or counter window admitted, with its allowance.
 fn worst_window(o: &Outcome) -> (u64, u64) {
     o.windows
         .iter()
-        .max_by_key(|&&(_, n, allow, _)| (n, std::cmp::Reverse(allow)))
-        .map_or((0, 0), |&(_, n, allow, _)| (n, allow))
+        .map(|&(_, n, allow, _)| (n, allow))
+        .chain(o.sliding)
+        .max_by_key(|&(n, allow)| (n, std::cmp::Reverse(allow)))
+        .unwrap_or((0, 0))
 }
 
 fn seeds_row(mode: &str, s: &Summary) -> String {
@@ -443,10 +448,12 @@ fn seeds_row(mode: &str, s: &Summary) -> String {
     )
 }
 
-/// The false-denial shares, window / bucket.
-fn false_denials(must: &[u64; 2], denied: &[u64; 2]) -> String {
-    let pct = |i: usize| 100.0 * denied[i] as f64 / must[i].max(1) as f64;
-    format!("{:.1}% / {:.1}%", pct(0), pct(1))
+/// The false-denial shares, fixed window / bucket / log / counter.
+fn false_denials(must: &[u64; 4], denied: &[u64; 4]) -> String {
+    let pct: Vec<String> = (0..must.len())
+        .map(|i| format!("{:.1}%", 100.0 * denied[i] as f64 / must[i].max(1) as f64))
+        .collect();
+    pct.join(" / ")
 }
 
 fn human_bytes(b: f64) -> String {
