@@ -304,6 +304,15 @@ impl GLimit {
         self.kind == Kind::Fixed
     }
 
+    /// Whether a boundary at `boundary_time`, which starts slot `cur`, carries what this node
+    /// still holds of slot `cur − 1` into `cur` (design §3.3.1, carry): for the sliding
+    /// algorithms, whose budget of `cur` counts all that was held of `cur − 1` as spent when
+    /// `cur` was pre-leased (a round before it starts: so only where slots start on round
+    /// boundaries, and the counter's earlier window weighs in whole there).
+    fn carries(&self, cur: u64, boundary_time: Nanos) -> bool {
+        self.kind != Kind::Fixed && cur > 0 && boundary_time == cur * self.slot_len
+    }
+
     /// Whether a decision can read `slot` at `now`, now or in the next slot: not the far
     /// future, not past the lookback (design §4, far-off slots).
     fn readable(&self, slot: u64, now: Nanos) -> bool {
@@ -1789,6 +1798,10 @@ impl Global {
         for (ri, key) in due.into_values().flatten() {
             self.rules[ri].store.list(&key);
         }
+        // A slot that starts now was pre-leased by this node's last instant if that was the
+        // previous round's, consistent with every participant reachable: then what it holds
+        // of the slot that closes was counted there as spent in the new one (see `carry`).
+        let pre_leased = phase.open && phase.consistent && st.returns && phase.round + 1 == n;
         // A full boundary visits (and lists) every key, and is the only one that forgets
         // keys: a listed visit would never see a dormant one.
         let all = full || self.params.visit_all;
@@ -1817,6 +1830,9 @@ impl Global {
                         }
                     };
                     let cur = l.slot(boundary_time);
+                    if pre_leased && l.carries(cur, boundary_time) {
+                        carry(w, cur);
+                    }
                     let oldest = cur.saturating_sub(l.span());
                     w.own.retain(|(slot, _)| *slot >= oldest);
                     w.others.retain(|(slot, _)| *slot >= oldest);
@@ -2584,6 +2600,8 @@ impl Global {
             .applied
             .map_or(REPEAT, |a| current.saturating_sub(a).min(REPEAT))
             + 1;
+        // When its last applied frame's counts were taken.
+        let last_frame = old.applied.map(|a| a * self.params.round);
         let mut ghosts = 0u64;
         for (ri, r) in self.rules.iter().enumerate() {
             let counters = &mut st.counters;
@@ -2616,10 +2634,15 @@ impl Global {
                         let id = SlotId::new(l.label.as_str(), key, x);
                         let known = counters.count(&id, &old.actor);
                         // A sparse key's last check may fall between its frames: one unit
-                        // more where it held room.
+                        // more where it held room, by its last frame or by the record's
+                        // instant (a grant there reaches no frame of its holder's before the
+                        // next boundary), if the slot was still open at its last frame.
+                        let open_after_frame = last_frame.is_none_or(|t| t < (x + 1) * l.slot_len);
+                        let had_room =
+                            held_in(x) > 0 || (x == rec.slot && held > known && open_after_frame);
                         let unpublished = demand
                             .saturating_mul(2 * rounds)
-                            .saturating_add(held_in(x).min(1));
+                            .saturating_add(u64::from(had_room));
                         let ghost = held.min(known.saturating_add(unpublished));
                         if ghost > known && counters.apply(id, Dot::new(old.actor.clone(), ghost)) {
                             charged = true;
@@ -3359,6 +3382,40 @@ fn pack_era(era: Option<(u64, u32)>) -> u64 {
 /// `⌊(C − ⌊C/20⌋)/n⌋` (design §3.3.1).
 fn base_units(c: u64, n: u64) -> u64 {
     (c - c / ESCROW_MARGIN).checked_div(n).unwrap_or(0)
+}
+
+/// Moves the room this node still holds of slot `cur − 1`, which closes now, into its lease of
+/// `cur` (design §3.3.1, carry), up to what the last allotment wanted it to hold there. The
+/// instant that pre-leased `cur` (the previous round's, consistent: the caller checks) took
+/// every holding of `cur − 1` as spent in the budget of `cur`; what this node did not spend of
+/// its holding is that room, so it may spend it in `cur` instead. It publishes it as held from
+/// this boundary on, and its target grows by as much, so the boundary does not give it back
+/// before an instant in `cur` has allotted the slot again.
+fn carry(w: &mut WState, cur: u64) {
+    let Some(left) = w
+        .grants
+        .iter()
+        .find(|g| g.slot + 1 == cur && !g.starter)
+        .map(|g| g.spendable().min(g.target))
+        .filter(|&u| u > 0)
+    else {
+        return;
+    };
+    match w.grants.iter_mut().find(|g| g.slot == cur && !g.starter) {
+        Some(g) => {
+            g.allowance = g.allowance.saturating_add(left);
+            g.target = g.target.saturating_add(left);
+        }
+        None => w.grants.push(Grant {
+            slot: cur,
+            allowance: left,
+            used: 0,
+            target: left,
+            starter: false,
+            opened: 0,
+        }),
+    }
+    w.grants.sort_unstable_by_key(|g| g.slot);
 }
 
 /// Whether every participant's latest era (`eras`, one list each) is at `n` participants, or
