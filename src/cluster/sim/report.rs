@@ -181,8 +181,8 @@ pub fn write(path: &Path, threads: usize, large: bool) -> std::io::Result<String
         md,
         "Load: two keys of a fixed-window rule, {LIMIT} per second, one key of a token \
          bucket, {LIMIT} per second with a burst of {LIMIT}, one key of a sliding log, {LIMIT} \
-         per 1.6 s, and one of a sliding counter, {LIMIT} per second, each offered 1.5× the \
-         limit, spread unevenly over the nodes. Faults from 1 s to 5 s, then the network heals, \
+         per 1.6 s, and one of a sliding counter, {LIMIT} per second, each offered 150 per \
+         second (1.5× the per-second limits, 2.4× the log's), spread unevenly over the nodes. Faults from 1 s to 5 s, then the network heals, \
          crashed nodes restart, and the load goes on fault-free to 8 s; then the load stops.\n\n\
          Columns: *admitted* is the share of the ideal (per window, the smaller of the load \
          offered and the limit); *worst window* is the most any fixed window, sliding-log \
