@@ -815,8 +815,9 @@ fn apply(sim: &mut Sim, fault: &Fault) {
     }
 }
 
-/// Plays `setup`: a skewed load of 1.5× the limit on two keys of a fixed window, a token
-/// bucket, a sliding log and a sliding counter, the drawn faults, then a fault-free stretch.
+/// Plays `setup`: a skewed load of 150/s (1.5× a per-second limit) on two keys of a fixed
+/// window, a token bucket, a sliding log and a sliding counter, the drawn faults, then a
+/// fault-free stretch.
 /// Checks after every 10 ms that no node credits an actor with more than it admitted
 /// (retired actors aside: their ghost is meant to), and at the end that every window,
 /// bucket interval and sliding period stayed within the limit (under `split`, plus a limit
