@@ -2586,7 +2586,8 @@ impl Global {
     /// For each key with a hold record, `old`'s count in each slot it may have admitted in
     /// becomes at least the smaller of its ghost there (what the record let it admit) and
     /// its known count plus twice its published demand for every round since its last
-    /// applied frame (at most [`REPEAT`] + 1 rounds), plus one unit where it held room (a
+    /// applied frame (at most [`REPEAT`] + 1 rounds), plus one unit where it held room by its
+    /// last frame or by the record's instant, in a slot still open at its last frame (a
     /// sparse key's check between two frames). The demand term keeps a long window's ghost
     /// to a few rounds of traffic instead of all the room the node held. The charge is an ordinary dot for `old`, so it reaches every peer,
     /// and the restarted node's pull, through anti-entropy, and the largest one wins.
