@@ -1485,8 +1485,7 @@ fn check_sliding_stretch(
     extra_sides: u64,
     outcome: &mut Outcome,
 ) {
-    let fault_end = splits.iter().copied().max().unwrap_or(0);
-    let fault_start = splits.iter().copied().min().unwrap_or(0);
+    let sides = split_allowance(splits, extra_sides);
     // Orphaned admissions with a clock in [from, to).
     let orphaned_in = |from: Nanos, to: Nanos| {
         let upto = |t: Nanos| match at.partition_point(|&a| a < t) {
@@ -1495,14 +1494,7 @@ fn check_sliding_stretch(
         };
         upto(to) - upto(from)
     };
-    let allowance = |from: Nanos, to: Nanos| {
-        let sides = if from < fault_end && to > fault_start {
-            extra_sides * LIMIT
-        } else {
-            0
-        };
-        sides + orphaned_in(from, to)
-    };
+    let allowance = |from: Nanos, to: Nanos| sides(from, to) + orphaned_in(from, to);
     let w = l.period();
     let below = |t: Nanos| at.partition_point(|&a| a <= t) as u64;
     let mut worst = outcome.sliding[r];
@@ -1546,6 +1538,20 @@ fn check_sliding_stretch(
     outcome.sliding[r] = worst;
 }
 
+/// What `split` allows a window or period `[from, to)` beyond the limit: `extra_sides` more
+/// limits where it overlaps the splitting faults' span (design §5), else nothing.
+fn split_allowance(splits: &[Nanos], extra_sides: u64) -> impl Fn(Nanos, Nanos) -> u64 {
+    let start = splits.iter().copied().min().unwrap_or(0);
+    let end = splits.iter().copied().max().unwrap_or(0);
+    move |from, to| {
+        if from < end && to > start {
+            extra_sides * LIMIT
+        } else {
+            0
+        }
+    }
+}
+
 /// Every window within the limit. Under `split`, a window that a splitting fault overlaps
 /// may also admit `extra_sides` more limits.
 fn check_windows(
@@ -1555,18 +1561,14 @@ fn check_windows(
     extra_sides: u64,
     outcome: &mut Outcome,
 ) {
-    let fault_end = splits.iter().copied().max().unwrap_or(0);
-    let fault_start = splits.iter().copied().min().unwrap_or(0);
+    let sides = split_allowance(splits, extra_sides);
     let mut per_slot: BTreeMap<(&str, u64, usize), (u64, u64)> = BTreeMap::new();
     for (at, key, slot, cost) in &sim.log {
         let since = outages.partition_point(|&o| o <= *at);
         per_slot.entry((key.as_str(), *slot, since)).or_default().0 += cost;
     }
-    for ((key, slot, _), (n, mut allowance)) in per_slot {
-        let (from, to) = (slot * SECOND, (slot + 1) * SECOND);
-        if from < fault_end && to > fault_start {
-            allowance += extra_sides * LIMIT;
-        }
+    for ((key, slot, _), (n, allowance)) in per_slot {
+        let allowance = allowance + sides(slot * SECOND, (slot + 1) * SECOND);
         outcome.windows.push((slot, n, allowance, LIMIT));
         outcome.admitted += n;
         if n > LIMIT + allowance {
