@@ -1362,14 +1362,15 @@ mod tests {
     }
 
     /// Over the tree, a global rule's checks go to the tree and local rules stay local; a
-    /// key's first check is held for the next round's grant (`lease_pause`), after which
-    /// its lease is in and the check is admitted; a reload may not touch global rules.
+    /// key's first checks are admitted at once from the node's base; a check past it, with
+    /// room left, is held for the next round's grant (`lease_pause`), after which its lease
+    /// is in and the check is admitted; a reload may not touch global rules.
     #[test]
     fn a_tree_engine_routes_global_rules_and_pauses_a_new_key_for_its_grant() {
         let clock = Arc::new(ManualClock::new(T0));
         let me = Actor::new("n0", 1);
         let rules = vec![
-            rule("w", Algorithm::FixedWindow, 10, None),
+            rule("w", Algorithm::FixedWindow, 100, None),
             global("g", 10),
             rule("l", Algorithm::TokenBucket, 1, None),
         ];
@@ -1407,11 +1408,15 @@ mod tests {
             crate::cluster::lock(&tree).tick(clock.now());
         }
         clock.advance(round / 2);
+        // Alone, the base is the limit less the escrow margin: 95 of 100.
+        for _ in 0..95 {
+            assert_eq!(e.check("w", "k", 1, 0).unwrap().outcome, Outcome::Allowed);
+        }
         let checked = e.check_uncounted("w", "k", 1, 0).unwrap();
         assert_eq!(checked.outcome, Outcome::Denied);
         let (pause, mark) = e
             .lease_pause(&checked, "k", 1)
-            .expect("a new key waits for its grant");
+            .expect("past its base, a key waits for its grant");
         assert_eq!(
             pause,
             crate::cluster::lock(&tree).keys().grant_wait(clock.now())
@@ -1426,14 +1431,14 @@ mod tests {
         let checked = e.check("w", "k", 1, 0).unwrap();
         assert_eq!(
             (checked.outcome, checked.decision.remaining),
-            (Outcome::Allowed, 9)
+            (Outcome::Allowed, 4)
         );
         assert_eq!(e.rule("w").unwrap().active_keys(), 1);
-        assert_eq!(e.status("w", "k").unwrap().decision.remaining, 9);
+        assert_eq!(e.status("w", "k").unwrap().decision.remaining, 4);
         // A denial for want of room is not held.
-        let never = e.check_uncounted("w", "k", 11, 0).unwrap();
+        let never = e.check_uncounted("w", "k", 101, 0).unwrap();
         assert_eq!(
-            (never.outcome, e.lease_pause(&never, "k", 11)),
+            (never.outcome, e.lease_pause(&never, "k", 101)),
             (Outcome::Never, None)
         );
         assert_eq!(e.check("l", "k", 1, 0).unwrap().outcome, Outcome::Allowed);
@@ -1745,13 +1750,11 @@ mod tests {
         for _ in 0..30 {
             tick();
         }
-        // The key asks for room, and the next round grants it.
-        assert_eq!(e.check("w", "k", 1, 0).unwrap().outcome, Outcome::Denied);
-        tick();
+        // Alone, the node's base of the key is the whole limit.
         let id = reserve(&e, "w", "k", 8);
         let s = e.settle(&id, 1).unwrap();
         assert_eq!((s.refunded, s.standing.unwrap().decision.remaining), (7, 2));
-        // 2 the tree granted, 7 of credit: 9 more checks, as the limit allows.
+        // 2 left of the base, 7 of credit: 9 more checks, as the limit allows.
         let admitted = (0..12)
             .filter(|_| e.check("w", "k", 1, 0).unwrap().decision.allowed())
             .count();

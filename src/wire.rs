@@ -29,7 +29,9 @@ use crate::counter::{Actor, Delta, Digest};
 /// [`Message::TreeCarried`]). Version 6: a round frame says whether its sender may hold
 /// starters (`open`) and carries its base eras (`eras`), and a bucket limit's report the
 /// share of the burst its sender holds (`burst`) and the tokens its bucket lacks (`short`).
-pub const WIRE_VERSION: u8 = 6;
+/// Version 7: the aggregation tree's sums carry its members' bases (`bases`, `since`, and
+/// each entry's `based`).
+pub const WIRE_VERSION: u8 = 7;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
 /// takes ~40 bytes, so a frame holds ~25,000 of them; a digest of one rule takes at most
@@ -116,6 +118,12 @@ pub struct TreeSums {
     /// without a gap (`u64::MAX`: none has): a starting member whose previous incarnation
     /// could hold room only in slots such a member saw granted needs no freeze of its own.
     pub vouch: u64,
+    /// The latest round from which any of those members has held its current view: a base
+    /// claimed in a slot first granted at or after it is counted in every complete round that
+    /// could grant there.
+    pub since: u64,
+    /// Per (rule, slot): the bases those members claim there, unspent or not; in every part.
+    pub bases: Vec<TreeBase>,
     /// This message is part `part` (from 0) of `parts`: sums larger than a frame are split,
     /// and count as received when every part is in.
     pub part: u32,
@@ -147,6 +155,22 @@ pub struct TreeEntry {
     /// Down only: the raw grants of the members before the receiver's subtree in the tree's
     /// pre-order, so each member scales its own interval of `[0, raw)` (0 on the way up).
     pub offset: u64,
+    /// The bases of the slot that the reporting members have taken into `admitted` and
+    /// `held`: the rest of the [`TreeSums::bases`] is held by members that did not report
+    /// the key.
+    pub based: u64,
+}
+
+/// A (rule, slot)'s bases in a [`TreeSums`]: room every member claims of each key there
+/// without reporting it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TreeBase {
+    /// The rule.
+    pub rule: String,
+    /// The slot (window) number.
+    pub slot: u64,
+    /// Units, summed over the members.
+    pub units: u64,
 }
 
 /// What a node publishes at the boundary of round `round`: the inputs every peer needs to
@@ -379,7 +403,7 @@ mod tests {
 
     fn tree_sums() -> impl Strategy<Value = TreeSums> {
         let entry =
-            ("[a-z]{0,4}", "[a-z0-9]{0,8}", any::<[u64; 6]>()).prop_map(|(rule, key, v)| {
+            ("[a-z]{0,4}", "[a-z0-9]{0,8}", any::<[u64; 7]>()).prop_map(|(rule, key, v)| {
                 TreeEntry {
                     rule,
                     key,
@@ -389,21 +413,30 @@ mod tests {
                     demand: v[3],
                     raw: v[4],
                     offset: v[5],
+                    based: v[6],
                 }
             });
+        let base = ("[a-z]{0,4}", any::<[u64; 2]>()).prop_map(|(rule, v)| TreeBase {
+            rule,
+            slot: v[0],
+            units: v[1],
+        });
         (
             actor(),
-            any::<[u64; 5]>(),
+            any::<[u64; 6]>(),
             any::<(u32, u32)>(),
             proptest::collection::vec(entry, 0..6),
+            proptest::collection::vec(base, 0..3),
         )
-            .prop_map(|(from, v, (part, parts), entries)| TreeSums {
+            .prop_map(|(from, v, (part, parts), entries, bases)| TreeSums {
                 from,
                 round: v[0],
                 view: v[1],
                 members: v[2],
                 freeze: v[3],
                 vouch: v[4],
+                since: v[5],
+                bases,
                 part,
                 parts,
                 entries,
@@ -470,7 +503,7 @@ mod tests {
         assert!(matches!(err, WireError::Version(3)));
         assert_eq!(
             err.to_string(),
-            "frame version 3 is not supported (this node speaks version 6)"
+            "frame version 3 is not supported (this node speaks version 7)"
         );
     }
 

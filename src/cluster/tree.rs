@@ -58,14 +58,14 @@
 //! it on virtual time.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
 
-use crate::cluster::global::{MAX_PARTS, Output, PART_BYTES, Reject, split_by};
+use crate::cluster::global::{ESCROW_MARGIN, MAX_PARTS, Output, PART_BYTES, Reject, split_by};
 use crate::counter::{Actor, StableHasher};
 use crate::limiter::{Algorithm, Decision, Limit, MILLISECOND, Nanos, Verdict};
 use crate::store::{Full, Store, Visit};
-use crate::wire::{Message, TreeEntry, TreeSums};
+use crate::wire::{Message, TreeBase, TreeEntry, TreeSums};
 
 pub mod sim;
 #[cfg(test)]
@@ -75,6 +75,11 @@ mod tests;
 pub const DEFAULT_FANOUT: usize = 8;
 /// The default time a node waits for its children per level below it, from the boundary.
 pub const DEFAULT_HOP: Nanos = 10 * MILLISECOND;
+/// A key's totals go down to members that hold a base of it they did not report when what the
+/// reporting members hold and the free room would not last its demand for this many rounds:
+/// they take their base and give back what their target does not keep, so room moves to
+/// where it is spent.
+const PRESS_ROUNDS: u64 = 4;
 
 /// How the tree runs.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,6 +135,8 @@ struct Sums {
     /// On the way down: the raw grants of the members before this subtree, in the tree's
     /// pre-order (see [`Tree::down`]). Not summed.
     offset: u64,
+    /// The bases the reporting members took into `admitted` and `held` ([`Slot::based`]).
+    based: u64,
 }
 
 impl Sums {
@@ -138,6 +145,7 @@ impl Sums {
         self.held = self.held.saturating_add(o.held);
         self.demand = self.demand.saturating_add(o.demand);
         self.raw = self.raw.saturating_add(o.raw);
+        self.based = self.based.saturating_add(o.based);
     }
 }
 
@@ -151,7 +159,34 @@ struct Agg {
     /// The earliest round since which one of them has applied complete rounds without a
     /// gap (`u64::MAX`: none); see [`Tree::vouch_bound`].
     vouch: u64,
+    /// The latest round from which one of them has held its view ([`Tree::view_since`]).
+    since: u64,
+    /// Per (rule, slot), the bases they claim ([`Claim`]).
+    bases: BTreeMap<(String, u64), u64>,
     entries: Entries,
+}
+
+impl Agg {
+    /// The bases of `e`'s slot held by members that did not report `e`: claimed, and not
+    /// in the entry's `admitted` and `held`.
+    fn unreported(&self, e: &EntryKey, s: Option<&Sums>) -> u64 {
+        let claimed = self.bases.get(&(e.0.clone(), e.2)).copied().unwrap_or(0);
+        claimed.saturating_sub(s.map_or(0, |s| s.based))
+    }
+}
+
+/// This node's base in one (rule, slot): `⌊C'/n⌋` of every key there (C' the limit less the
+/// escrow margin, n the view's members), held without a grant and reported once per (rule,
+/// slot), not per key. See [`Tree::claim`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Claim {
+    /// Units of each key (0: none, or given up).
+    units: u64,
+    /// The round whose boundary claimed it: the first that could grant in the slot.
+    from: u64,
+    /// A complete round showed every member in this view since `from`: every round that
+    /// could grant in the slot counted the claim, so it may be spent.
+    confirmed: bool,
 }
 
 /// One slot of one key at this node.
@@ -169,12 +204,23 @@ struct Slot {
     pending: u64,
     /// The round from which `pending` is this node's to report.
     pending_from: u64,
+    /// The base this node took into `held` here (0: none): from then on it is reported with
+    /// the key, and never taken again in the slot, so the slot is kept until it ends.
+    based: u64,
 }
 
 impl Slot {
-    /// Nothing admitted, held or carried here: the slot need not be kept.
+    /// Nothing admitted, held, carried or based here: the slot need not be kept.
     fn is_empty(&self) -> bool {
-        self.admitted == 0 && self.held == 0 && self.pending == 0
+        self.admitted == 0 && self.held == 0 && self.pending == 0 && self.based == 0
+    }
+
+    /// Takes this node's base of the slot into `held`, if it has one and has not yet.
+    fn take_base(&mut self, base: u64) {
+        if self.based == 0 && base > 0 {
+            self.held += base;
+            self.based = base;
+        }
     }
 }
 
@@ -209,6 +255,8 @@ struct RoundBuf {
     deadline: Nanos,
     /// This node's own contribution, raw grants included.
     own: Entries,
+    /// This node's claims at the boundary, per (rule, slot) ([`Claim`]).
+    bases: BTreeMap<(String, u64), u64>,
     /// Each child's subtree sums, by child node id.
     from_children: BTreeMap<String, Agg>,
     /// Parts of a child's sums (by child node id), or of the totals, until all are in.
@@ -305,6 +353,11 @@ pub struct Tree {
     early: Vec<(String, Message)>,
     /// The next boundary to take.
     next_round: u64,
+    /// This node's bases per (rule, slot), claimed at the boundary of the first round that
+    /// could grant in the slot ([`Tree::claim`]).
+    claims: BTreeMap<(String, u64), Claim>,
+    /// The first round of this node's current view.
+    view_since: u64,
     stats: TreeStats,
 }
 
@@ -336,6 +389,20 @@ pub struct TreeKeys {
 struct TreeRule {
     limit: Limit,
     keys: Store<KeyState>,
+    /// This node's confirmed bases, (slot, units): what a check takes into a slot of a key
+    /// that has not taken it yet ([`Slot::take_base`]).
+    bases: RwLock<Vec<(u64, u64)>>,
+}
+
+impl TreeRule {
+    /// This node's confirmed base in `slot`, 0 if none.
+    fn base(&self, slot: u64) -> u64 {
+        let bases = self.bases.read().unwrap_or_else(|p| p.into_inner());
+        bases
+            .iter()
+            .find(|&&(x, _)| x == slot)
+            .map_or(0, |&(_, units)| units)
+    }
 }
 
 impl TreeKeys {
@@ -361,6 +428,7 @@ impl TreeKeys {
             .update(key, now, KeyState::default, KeyState::is_empty, |k| {
                 let slot = now / limit.period();
                 let s = k.slots.entry(slot).or_default();
+                s.take_base(r.base(slot));
                 let mut decision =
                     decision(&limit, k.admitted_in.get(&slot).copied(), s, cost, now);
                 match decision.verdict {
@@ -395,10 +463,11 @@ impl TreeKeys {
         let r = self.rules.get(rule)?;
         let slot = now / r.limit.period();
         let (s, total) = r.keys.read(key, |k| {
-            let s = k
+            let mut s = k
                 .and_then(|k| k.slots.get(&slot))
                 .copied()
                 .unwrap_or_default();
+            s.take_base(r.base(slot));
             (s, k.and_then(|k| k.admitted_in.get(&slot).copied()))
         });
         let mut d = decision(&r.limit, total, &s, 1, now);
@@ -489,7 +558,8 @@ impl Tree {
                 return Err(TreeError::Unsupported(name));
             }
             let keys = Store::new(budget.clone(), params.max_keys);
-            by_name.insert(name, TreeRule { limit, keys });
+            let bases = RwLock::new(Vec::new());
+            by_name.insert(name, TreeRule { limit, keys, bases });
         }
         let next_round = now / params.round + 1;
         let keys = Arc::new(TreeKeys {
@@ -529,6 +599,8 @@ impl Tree {
             rounds: BTreeMap::new(),
             early: Vec::new(),
             next_round,
+            claims: BTreeMap::new(),
+            view_since: next_round,
             stats: TreeStats::default(),
         };
         Ok(tree)
@@ -655,6 +727,7 @@ impl Tree {
             h.u64(limit.period());
         }
         self.view = h.finish();
+        self.view_since = next;
         self.keys.members.store(members.len(), Ordering::Relaxed);
         self.members = members;
         // Rounds of the old view can no longer complete here.
@@ -776,6 +849,7 @@ impl Tree {
             self.start_freeze = 0;
             self.publish_freeze();
         }
+        self.claim(n);
         let mut own = Entries::default();
         let (frozen_through, round) = (self.frozen_until(), self.params.round);
         let members = self.members.len().max(1) as u64;
@@ -803,6 +877,10 @@ impl Tree {
                 }
                 for x in if next == cur { cur..=cur } else { cur..=next } {
                     let s = k.slots.entry(x).or_default();
+                    // The key's count as far as this node knows: the last totals, and its own
+                    // admissions since.
+                    let known = k.admitted_in.get(&x).copied().unwrap_or(0)
+                        + s.admitted.saturating_sub(s.reported);
                     s.reported = s.admitted;
                     if leaving == Some(true) {
                         continue;
@@ -822,6 +900,20 @@ impl Tree {
                     } else {
                         (u128::from(room) * u128::from(share)).div_ceil(u128::from(total)) as u64
                     };
+                    // A node that took its base keeps its share of the room below the margin
+                    // (the escrow) whatever its demand, so a quiet key stays served at once;
+                    // near the limit the escrow shrinks to nothing and room follows demand.
+                    // The count is taken as it will be two rounds on at the key's demand
+                    // (a 256th of the totals' per round, see [`decay`]): what this node gives
+                    // back now reaches the demand a round later, so a busy key's escrow
+                    // shrinks ahead of its count instead of a round behind at every step.
+                    let target = if s.based > 0 && leaving.is_none() {
+                        let ahead = known.saturating_add(2 * k.total_demand.div_ceil(256));
+                        let escrow = c.saturating_sub(c / ESCROW_MARGIN).saturating_sub(ahead);
+                        target.max(escrow / members)
+                    } else {
+                        target
+                    };
                     // A frozen slot is served from what is held: nothing is asked for there, and
                     // nothing given back (nobody could be granted it).
                     let frozen = frozen(frozen_through, round, x, len);
@@ -834,7 +926,7 @@ impl Tree {
                     } else {
                         target.saturating_sub(s.held)
                     };
-                    if s.admitted > 0 || s.held > 0 || k.demand > 0 {
+                    if s.admitted > 0 || s.held > 0 || k.demand > 0 || s.based > 0 {
                         own.insert(
                             (rule.clone(), key.to_owned(), x),
                             Sums {
@@ -843,6 +935,7 @@ impl Tree {
                                 demand: k.demand,
                                 raw,
                                 offset: 0,
+                                based: s.based,
                             },
                         );
                     }
@@ -873,6 +966,7 @@ impl Tree {
                 deadline: start + levels * self.params.hop,
                 children,
                 own,
+                bases: self.claimed(),
                 from_children: BTreeMap::new(),
                 up_parts: BTreeMap::new(),
                 down_parts: Vec::new(),
@@ -898,12 +992,19 @@ impl Tree {
             members: 1,
             freeze: self.frozen_through,
             vouch: self.since.unwrap_or(u64::MAX),
+            since: self.view_since,
+            bases: r.bases.clone(),
             entries: r.own.clone(),
         };
         for child in r.from_children.values() {
             sums.members += child.members;
             sums.freeze = sums.freeze.max(child.freeze);
             sums.vouch = sums.vouch.min(child.vouch);
+            sums.since = sums.since.max(child.since);
+            for (b, units) in &child.bases {
+                let sum = sums.bases.entry(b.clone()).or_default();
+                *sum = sum.saturating_add(*units);
+            }
             for (e, s) in &child.entries {
                 sums.entries.entry(e.clone()).or_default().add(s);
             }
@@ -934,9 +1035,19 @@ impl Tree {
                 demand: s.demand,
                 raw: s.raw,
                 offset: s.offset,
+                based: s.based,
             })
             .collect();
-        // Two length prefixes and six varints of at most 10 bytes each, above the strings.
+        let bases: Vec<TreeBase> = sums
+            .bases
+            .iter()
+            .map(|((rule, slot), &units)| TreeBase {
+                rule: rule.clone(),
+                slot: *slot,
+                units,
+            })
+            .collect();
+        // Two length prefixes and seven varints of at most 10 bytes each, above the strings.
         let chunks = split_by(entries, PART_BYTES, |e| e.rule.len() + e.key.len() + 64);
         let Ok(parts) = u32::try_from(chunks.len()) else {
             self.stats.oversized += 1;
@@ -956,6 +1067,8 @@ impl Tree {
                 members: sums.members,
                 freeze: sums.freeze,
                 vouch: sums.vouch,
+                since: sums.since,
+                bases: bases.clone(),
                 part: part as u32,
                 parts,
                 entries,
@@ -964,13 +1077,41 @@ impl Tree {
     }
 
     /// Round `n`'s totals reached this node: pass each child the keys its subtree
-    /// reported, and grant if the totals include every member.
+    /// reported, and those where the asks exceed the free room while members of its subtree
+    /// hold a base they did not report (so they take it and give back what their target does
+    /// not need); and grant if the totals include every member.
     fn down(&mut self, n: u64, totals: &Agg, out: &mut Vec<Output>) {
-        let Some(r) = self.rounds.get_mut(&n) else {
+        let Some(r) = self.rounds.get(&n) else {
             return;
         };
-        r.done = true;
         let complete = totals.members == self.members.len() as u64;
+        let keys = self.keys.clone();
+        let free = |e: &EntryKey, t: &Sums| -> Option<u64> {
+            let c = keys.rules.get(&e.0)?.limit.limit();
+            Some(
+                c.saturating_sub(t.admitted)
+                    .saturating_sub(t.held)
+                    .saturating_sub(totals.unreported(e, Some(t))),
+            )
+        };
+        // Pressed: what the reporting members hold and the free room would not last the key's
+        // demand (arrivals per round: a 256th of `demand`, see [`decay`]) for
+        // [`PRESS_ROUNDS`] rounds.
+        let pressed: Vec<&EntryKey> = if complete {
+            totals
+                .entries
+                .iter()
+                .filter(|(e, t)| {
+                    totals.unreported(e, Some(t)) > 0
+                        && free(e, t).is_some_and(|f| {
+                            f.saturating_add(t.held) < PRESS_ROUNDS * t.demand.div_ceil(256)
+                        })
+                })
+                .map(|(e, _)| e)
+                .collect()
+        } else {
+            Vec::new()
+        };
         // Each member's raw grants are an interval of the totals' `[0, Σr)` in pre-order
         // (a node's own, then each child's subtree in order): this subtree starts at the
         // entry's offset, a child's after this node's own and its earlier siblings'.
@@ -999,10 +1140,27 @@ impl Tree {
                 );
                 *start = start.saturating_add(sub.raw);
             }
-            let part = Agg { entries, ..*totals };
+            // Nobody in the child's subtree asked for these, so its offset is of no use.
+            for &e in &pressed {
+                if !reported.entries.contains_key(e) && reported.unreported(e, None) > 0 {
+                    entries.insert(e.clone(), totals.entries[e]);
+                }
+            }
+            let part = Agg {
+                members: totals.members,
+                freeze: totals.freeze,
+                vouch: totals.vouch,
+                since: totals.since,
+                bases: totals.bases.clone(),
+                entries,
+            };
             messages.push((child.node.clone(), part));
         }
         drop(before);
+        let Some(r) = self.rounds.get_mut(&n) else {
+            return;
+        };
+        r.done = true;
         let own = std::mem::take(&mut r.own);
         for (node, sums) in messages {
             for part in self.encode(n, &sums) {
@@ -1027,24 +1185,52 @@ impl Tree {
             self.stats.vouched = true;
             self.publish_freeze();
         }
+        self.confirm(n, totals.since);
         self.since.get_or_insert(n);
         if self.leaving.is_some() {
             // It gave back all it held and admits nothing more: no grant.
             return;
         }
+        // Keys whose asks exceed the free room: this node takes its base of them (if it has
+        // one and has not), so its next boundary gives back what its target does not keep.
+        for &e in &pressed {
+            let (rule, key, x) = e;
+            let Some(r) = keys.rules.get(rule) else {
+                continue;
+            };
+            let base = r.base(*x);
+            if base == 0 || own.get(e).is_some_and(|s| s.based > 0) {
+                continue;
+            }
+            let t = totals.entries[e];
+            // At `max_keys` the key is not stored: its base stays claimed, unspent.
+            let _ = r.keys.update(
+                key,
+                n * self.params.round,
+                KeyState::default,
+                KeyState::is_empty,
+                |k| {
+                    k.slots.entry(*x).or_default().take_base(base);
+                    k.total_demand = t.demand;
+                    k.totals_round = Some(n);
+                    k.admitted_in.insert(*x, t.admitted);
+                },
+            );
+        }
         let mut granted = 0;
-        for ((rule, key, x), mine) in own {
-            let Some(t) = totals.entries.get(&(rule.clone(), key.clone(), x)) else {
+        for (e, mine) in own {
+            let Some(t) = totals.entries.get(&e) else {
                 continue;
             };
-            let Some(r) = self.keys.rules.get(&rule) else {
+            let Some(r) = keys.rules.get(&e.0) else {
                 continue;
             };
-            let (c, frozen) = (r.limit.limit(), self.frozen(x, r.limit.period()));
+            let (_, key, x) = &e;
+            let frozen = self.frozen(*x, r.limit.period());
             // Scaled to the free room by the interval's ends, so the grants of the round sum to
             // exactly `⌊Σr · F / Σr⌋ = F` when they must be scaled (rounding each on its own
             // would lose up to a unit per member every round).
-            let free = c.saturating_sub(t.admitted).saturating_sub(t.held);
+            let free = free(&e, t).unwrap_or(0);
             let g = if frozen || mine.raw == 0 {
                 0
             } else if t.raw <= free {
@@ -1053,12 +1239,12 @@ impl Tree {
                 let at = |x: u64| u128::from(x) * u128::from(free) / u128::from(t.raw);
                 (at(t.offset.saturating_add(mine.raw)) - at(t.offset)) as u64
             };
-            let applied = r.keys.update_stored(&key, |k| {
+            let applied = r.keys.update_stored(key, |k| {
                 k.total_demand = t.demand;
                 k.totals_round = Some(n);
-                k.admitted_in.insert(x, t.admitted);
+                k.admitted_in.insert(*x, t.admitted);
                 if g > 0 {
-                    k.slots.entry(x).or_default().held += g;
+                    k.slots.entry(*x).or_default().held += g;
                 }
             });
             if applied.is_some() {
@@ -1066,6 +1252,87 @@ impl Tree {
             }
         }
         self.stats.granted += granted;
+    }
+
+    /// Claims this node's base in each slot that boundary `n` is the first to touch (the
+    /// slot starts after the round does), `⌊C'/m⌋` with m the view's members, if it is a member
+    /// and not leaving; forgets the claims of slots that ended; and gives up a claim not yet
+    /// confirmed that its view changed since ([`Tree::confirm`] could never confirm it).
+    /// A claim is reported in every round's sums until its slot ends, so every round that
+    /// could grant in the slot counts it, unspent or not.
+    fn claim(&mut self, n: u64) {
+        let start = n * self.params.round;
+        let next_start = start + self.params.round;
+        let member = self.members.contains(&self.me) && self.leaving.is_none();
+        let count = self.members.len().max(1) as u64;
+        let keys = self.keys.clone();
+        for (rule, r) in &keys.rules {
+            let (c, len) = (r.limit.limit(), r.limit.period());
+            let (cur, next) = (start / len, next_start / len);
+            self.claims.retain(|(name, x), _| name != rule || *x >= cur);
+            for x in cur..=next {
+                self.claims
+                    .entry((rule.clone(), x))
+                    .or_insert_with(|| Claim {
+                        units: if x > cur && member {
+                            (c - c / ESCROW_MARGIN) / count
+                        } else {
+                            0
+                        },
+                        from: n,
+                        confirmed: false,
+                    });
+            }
+        }
+        let since = self.view_since;
+        for claim in self.claims.values_mut() {
+            if !claim.confirmed && claim.from < since {
+                claim.units = 0;
+            }
+        }
+        self.publish_bases();
+    }
+
+    /// A complete round `n` whose members have all held their view since round `since`:
+    /// each claim of a round from `since` on is counted in every round that could grant in
+    /// its slot, so it may be spent; one of an earlier round never will be, and is given up.
+    fn confirm(&mut self, n: u64, since: u64) {
+        let mut changed = false;
+        for claim in self.claims.values_mut() {
+            if claim.units > 0 && !claim.confirmed && n >= claim.from {
+                if since <= claim.from {
+                    claim.confirmed = true;
+                } else {
+                    claim.units = 0;
+                }
+                changed = true;
+            }
+        }
+        if changed {
+            self.publish_bases();
+        }
+    }
+
+    /// This node's claims with units, as its sums report them.
+    fn claimed(&self) -> BTreeMap<(String, u64), u64> {
+        self.claims
+            .iter()
+            .filter(|(_, c)| c.units > 0)
+            .map(|(b, c)| (b.clone(), c.units))
+            .collect()
+    }
+
+    /// Hands the confirmed claims to the checks ([`TreeRule::base`]).
+    fn publish_bases(&self) {
+        for (rule, r) in &self.keys.rules {
+            let confirmed: Vec<(u64, u64)> = self
+                .claims
+                .iter()
+                .filter(|((name, _), c)| name == rule && c.confirmed && c.units > 0)
+                .map(|((_, x), c)| (*x, c.units))
+                .collect();
+            *r.bases.write().unwrap_or_else(|p| p.into_inner()) = confirmed;
+        }
     }
 
     /// A message from `peer` (the authenticated sender).
@@ -1188,6 +1455,11 @@ impl Tree {
         let Some(carrier) = self.carrier() else {
             return Vec::new();
         };
+        // Its bases too: no check takes one from now on, and its next sums claim none.
+        for claim in self.claims.values_mut() {
+            claim.units = 0;
+        }
+        self.publish_bases();
         let mut entries = Vec::new();
         let mut released = 0;
         for (rule, r) in &self.keys.rules {
@@ -1196,6 +1468,9 @@ impl Tree {
                 k.slots.retain(|&x, _| (x + 1) * len > now);
                 for (&slot, s) in &mut k.slots {
                     released += std::mem::take(&mut s.held);
+                    // Its claims are gone, so no entry may say a base is in its counts: the
+                    // others' unreported bases would be counted short by as much.
+                    s.based = 0;
                     // Units carried for another leaving member are handed on too.
                     let admitted = s.admitted + s.pending;
                     if admitted > 0 {
@@ -1208,6 +1483,7 @@ impl Tree {
                             demand: 0,
                             raw: 0,
                             offset: 0,
+                            based: 0,
                         });
                     }
                 }
@@ -1280,6 +1556,8 @@ impl Tree {
                     members: 1,
                     freeze: 0,
                     vouch: u64::MAX,
+                    since: 0,
+                    bases: Vec::new(),
                     part: part as u32,
                     parts,
                     entries,
@@ -1413,7 +1691,11 @@ fn gather(parts: &mut Vec<Option<TreeSums>>, sums: TreeSums) -> Option<Agg> {
     }
     let first = parts.iter().flatten().next();
     if first.is_some_and(|f| {
-        f.members != sums.members || f.freeze != sums.freeze || f.vouch != sums.vouch
+        f.members != sums.members
+            || f.freeze != sums.freeze
+            || f.vouch != sums.vouch
+            || f.since != sums.since
+            || f.bases != sums.bases
     }) {
         return None;
     }
@@ -1427,8 +1709,14 @@ fn gather(parts: &mut Vec<Option<TreeSums>>, sums: TreeSums) -> Option<Agg> {
         members: parts[0].members,
         freeze: parts[0].freeze,
         vouch: parts[0].vouch,
+        since: parts[0].since,
+        bases: BTreeMap::new(),
         entries: Entries::default(),
     };
+    for b in &parts[0].bases {
+        let sum = agg.bases.entry((b.rule.clone(), b.slot)).or_default();
+        *sum = sum.saturating_add(b.units);
+    }
     for e in parts.into_iter().flat_map(|p| p.entries) {
         agg.entries.insert(
             (e.rule, e.key, e.slot),
@@ -1438,6 +1726,7 @@ fn gather(parts: &mut Vec<Option<TreeSums>>, sums: TreeSums) -> Option<Agg> {
                 demand: e.demand,
                 raw: e.raw,
                 offset: e.offset,
+                based: e.based,
             },
         );
     }

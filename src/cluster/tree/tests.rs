@@ -17,10 +17,15 @@ fn window(c: u64) -> Vec<(String, Limit)> {
 /// The seeds CI runs (`gossamer sim --tree --seeds 1..10001` runs more).
 const CI_SEEDS: std::ops::RangeInclusive<u64> = 1..=40;
 
+/// Seeds the sweep found breaking an invariant once, run in CI too. 899: a node that left on
+/// purpose still reported a base in its counts after giving up its claims, so the others'
+/// unclaimed bases were counted short and a window admitted 255 of 250.
+const REGRESSION_SEEDS: [u64; 1] = [899];
+
 #[test]
 fn fixed_seeds_keep_every_invariant() {
     let mut failed = Vec::new();
-    for seed in CI_SEEDS {
+    for seed in CI_SEEDS.chain(REGRESSION_SEEDS) {
         let setup = TreeSetup::from_seed(seed);
         let outcome = run(&setup);
         if !outcome.violations.is_empty() {
@@ -142,7 +147,8 @@ fn every_member_but_the_root_has_one_parent_and_the_root_waits_a_hop_per_level()
 }
 
 /// Two rounds on three nodes: the node with twice the demand gets more of the room, the
-/// node without demand none, and the grants sum to the limit, not past it.
+/// node without demand less (what it keeps of its base: its escrow), and the grants sum to
+/// the limit, not past it.
 #[test]
 fn grants_follow_demand_and_sum_to_at_most_the_free_room() {
     let mut sim = TreeSim::new(3, window(90), TreeParams::default(), 1);
@@ -169,7 +175,7 @@ fn grants_follow_demand_and_sum_to_at_most_the_free_room() {
         })
         .collect();
     assert!(held.iter().sum::<u64>() <= 90, "{held:?}");
-    assert!(held[1] > held[0] && held[0] > 0 && held[2] == 0, "{held:?}");
+    assert!(held[1] > held[0] && held[0] > held[2], "{held:?}");
     // Scaled by intervals of the raw grants, the second round hands out the rest exactly.
     assert_eq!(held.iter().sum::<u64>(), 90, "{held:?}");
 }
@@ -383,6 +389,8 @@ fn sums_larger_than_a_frame_go_in_parts() {
         members: 1,
         freeze: 0,
         vouch: u64::MAX,
+        since: 0,
+        bases: Vec::new(),
         part: 2,
         parts: 2,
         entries: Vec::new(),
@@ -392,10 +400,9 @@ fn sums_larger_than_a_frame_go_in_parts() {
 
 /// What the engine gets from a check over the tree, on one node alone in its view (the root
 /// and its own only member: its sums are the totals at once): a cost above the limit is
-/// `Never`; a key's first check is denied until the next round's grant, with `retry_after`
-/// that long and the whole limit `remaining`; then the node admits from what it was
-/// granted, `remaining` counting its own admissions; `status` charges nothing; a new key
-/// past `max_keys` is refused.
+/// `Never`; a key's first check is admitted at once from the node's base (the whole limit,
+/// alone), `remaining` counting its own admissions; past the limit a check is denied until
+/// the slot ends; `status` charges nothing; a new key past `max_keys` is refused.
 #[test]
 fn a_lone_node_answers_checks_with_the_whole_decision() {
     let me = Actor::new("n0", 1);
@@ -417,39 +424,34 @@ fn a_lone_node_answers_checks_with_the_whole_decision() {
     now += round / 2;
     let never = keys.decide("w", "k", 11, now).unwrap().unwrap();
     assert_eq!((never.verdict, never.remaining), (Verdict::Never, 10));
-    let first = keys.decide("w", "k", 1, now).unwrap().unwrap();
-    let wait = keys.grant_wait(now);
-    assert_eq!(first.verdict, Verdict::Deny { retry_after: wait });
-    assert_eq!(
-        (first.limit, first.remaining, first.reset_after),
-        (10, 10, 0)
-    );
-    assert_eq!(
-        wait,
-        round / 2 + DEFAULT_HOP,
-        "the next boundary and one hop"
-    );
-    assert!(wait <= keys.longest_grant_wait());
-    // The boundary: the key's demand asks for its room, and the node grants it to itself.
-    now += round / 2;
-    assert!(tree.tick(now).is_empty(), "nothing to send alone");
-    assert_eq!(tree.stats().granted, 10);
-    for left in (7..=9).rev() {
+    for left in (0..=9).rev() {
         let d = keys.decide("w", "k", 1, now).unwrap().unwrap();
-        assert_eq!(d.verdict, Verdict::Admit { wait: 0 });
-        assert_eq!(d.remaining, left);
-        assert_eq!(d.reset_after, SECOND - round, "the slot ends at +4 s");
+        assert_eq!(d.verdict, Verdict::Admit { wait: 0 }, "{left} left");
+        assert_eq!((d.limit, d.remaining), (10, left));
+        assert_eq!(d.reset_after, SECOND - round / 2, "the slot ends at +4 s");
     }
+    assert_eq!(tree.stats().granted, 0, "served from the base, not a grant");
+    let over = keys.decide("w", "k", 1, now).unwrap().unwrap();
+    assert_eq!(
+        (over.verdict, over.remaining),
+        (
+            Verdict::Deny {
+                retry_after: SECOND - round / 2
+            },
+            0
+        ),
+        "nothing left in the slot: retry when it ends"
+    );
     let status = keys.status("w", "k", now).unwrap();
     assert_eq!(
         status,
         keys.status("w", "k", now).unwrap(),
         "status charges nothing"
     );
-    assert_eq!((status.allowed(), status.remaining), (true, 7));
-    // Unknown to the fresh key's slot: nothing held, so denied until a grant.
+    assert_eq!((status.allowed(), status.remaining), (false, 0));
+    // A fresh key's slot holds the base too.
     let fresh = keys.status("w", "other", now).unwrap();
-    assert_eq!((fresh.allowed(), fresh.remaining), (false, 10));
+    assert_eq!((fresh.allowed(), fresh.remaining), (true, 10));
     assert!(keys.decide("w", "k2", 1, now).unwrap().is_ok());
     assert_eq!(
         keys.decide("w", "k3", 1, now),
@@ -458,6 +460,10 @@ fn a_lone_node_answers_checks_with_the_whole_decision() {
     );
     assert_eq!(keys.rule_keys("w"), 2);
     assert_eq!(keys.decide("nope", "k", 1, now), None);
+    // The boundary reports the base taken; alone, the node grants itself nothing more.
+    now += round / 2;
+    assert!(tree.tick(now).is_empty(), "nothing to send alone");
+    assert_eq!(tree.stats().granted, 0);
 }
 
 /// A new peer's greeting is accepted (it changes nothing); one naming another sender is an
@@ -516,6 +522,8 @@ fn one_entry(from: &Actor, round: u64, admitted: u64, demand: u64, raw: u64) -> 
         members: 1,
         freeze: 0,
         vouch: u64::MAX,
+        since: 0,
+        bases: Vec::new(),
         part: 0,
         parts: 1,
         entries: vec![TreeEntry {
@@ -527,6 +535,7 @@ fn one_entry(from: &Actor, round: u64, admitted: u64, demand: u64, raw: u64) -> 
             demand,
             raw,
             offset: 0,
+            based: 0,
         }],
     }
 }
@@ -586,10 +595,15 @@ fn a_node_that_leaves_on_purpose_hands_over_its_count_and_freezes_nothing() {
     let (left, stats) = run("leave");
     assert_eq!(left, 100, "{stats:?}");
     assert_eq!(stats.left_carried, 1, "{stats:?}");
+    // A crash freezes the slot: the survivors spend what they hold, their bases (what the
+    // node's demand left them of the escrow) included, and no more.
     let (crashed, _) = run("crash");
-    assert_eq!(crashed, 40);
+    assert!(crashed > 40 && crashed <= 100, "{crashed}");
     let (unanswered, stats) = run("unanswered");
-    assert_eq!(unanswered, 40, "{stats:?}");
+    assert!(
+        unanswered > 40 && unanswered <= 100,
+        "{unanswered} {stats:?}"
+    );
     assert_eq!(stats.left_carried, 0);
 }
 
@@ -765,4 +779,264 @@ fn a_handoff_spares_the_freeze_only_when_the_carrier_reports_every_new_round() {
     assert_eq!(left_carried(1, 4), 0);
     // The carrier left too.
     assert_eq!(left_carried(2, 3), 0);
+}
+
+/// The quiet users' rules: fixed windows (all the tree runs) of 60 per second, as the
+/// mesh's tiers, and of 60 per 10 s, whose slot spans a hundred rounds.
+fn quiet_rules() -> Vec<(String, Limit)> {
+    let fixed = |c, len| Limit::new(Algorithm::FixedWindow, c, len, None).expect("valid");
+    vec![
+        ("fixed 60/s".to_owned(), fixed(60, SECOND)),
+        ("fixed 60/10 s".to_owned(), fixed(60, 10 * SECOND)),
+    ]
+}
+
+/// When [`tree_quiet_users`] starts its load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum QuietFrom {
+    /// At once, as the nodes start (together: no start freeze is lifted, so each waits out
+    /// the slots it started in).
+    Start,
+    /// Once every node has applied a complete round.
+    Round,
+    /// Once the slots of the start freeze have ended (in every rule) and every node has
+    /// applied a complete round since.
+    Thawed,
+}
+
+/// Runs the cluster until every node has applied a complete round past the ones it had.
+fn until_a_complete_round(sim: &mut TreeSim, nodes: usize) {
+    let before: Vec<u64> = (0..nodes)
+        .map(|i| sim.node(i).expect("up").stats().complete_rounds)
+        .collect();
+    let done = |sim: &TreeSim| {
+        (0..nodes).all(|i| sim.node(i).expect("up").stats().complete_rounds > before[i])
+    };
+    for _ in 0..2000 {
+        if done(sim) {
+            return;
+        }
+        sim.advance(MS);
+    }
+    panic!("no complete round at every node in 2 s");
+}
+
+/// What [`tree_quiet_users`] found for one rule.
+struct Quiet {
+    rule: String,
+    judge: crate::cluster::sim::judge::Judge,
+    /// Of the judge's false denials, those in the first two rounds of the rule's window (by
+    /// the checking node's clock).
+    early: u64,
+}
+
+/// `users` users of every rule send bursts of 1 to 5 checks, `bursts` a second, each burst
+/// to a random node, for `dur` from `from`, on a healthy network (1 ms, no loss); every
+/// check is judged, per rule. The mesh's `quiet_users`, for the tree.
+fn tree_quiet_users(
+    nodes: usize,
+    seed: u64,
+    users: u64,
+    bursts: u64,
+    dur: Nanos,
+    from: QuietFrom,
+) -> Vec<Quiet> {
+    let rules = quiet_rules();
+    let params = TreeParams::default();
+    let round = params.round;
+    let judged: Vec<(String, Vec<Limit>)> = rules
+        .iter()
+        .map(|(name, l)| (name.clone(), vec![*l]))
+        .collect();
+    let mut sim = TreeSim::new(nodes, rules.clone(), params, seed);
+    sim.net.delay = MS;
+    match from {
+        QuietFrom::Start => {}
+        QuietFrom::Round => until_a_complete_round(&mut sim, nodes),
+        QuietFrom::Thawed => {
+            // A node starting at `START` freezes the slots its first boundary's round could
+            // grant room in: up to the one holding `START` plus two rounds.
+            let thawed = rules
+                .iter()
+                .map(|(_, l)| ((START + 2 * round) / l.period() + 1) * l.period())
+                .max()
+                .expect("rules");
+            sim.advance(thawed - sim.now);
+            until_a_complete_round(&mut sim, nodes);
+        }
+    }
+    let gap = sim.grant_hops();
+    let mut out: Vec<Quiet> = rules
+        .iter()
+        .map(|(name, _)| {
+            let mut judge = crate::cluster::sim::judge::Judge::new(&judged, round);
+            judge.gap = gap;
+            Quiet {
+                rule: name.clone(),
+                judge,
+                early: 0,
+            }
+        })
+        .collect();
+    let end = sim.now + dur;
+    while sim.now < end {
+        sim.advance(MS);
+        if sim.random() % 1000 >= bursts {
+            continue;
+        }
+        let node = sim.between(0, nodes as u64) as usize;
+        let r = sim.between(0, rules.len() as u64) as usize;
+        let key = format!("user-{}", sim.between(0, users));
+        for _ in 0..sim.between(1, 6) {
+            let now = sim.clock(node);
+            let d = sim
+                .check_decision(node, &rules[r].0, &key, 1)
+                .expect("running, a rule, keys unbounded");
+            let q = &mut out[r];
+            let before = q.judge.false_denials;
+            q.judge.check(&q.rule, &key, node, nodes, now, 1, &d, true);
+            if q.judge.false_denials > before && now % rules[r].1.period() < 2 * round {
+                q.early += 1;
+            }
+        }
+    }
+    out
+}
+
+/// One row of [`tree_quiet_table`]: (rule, checks far from the limit, false denials, of
+/// which in a window's first two rounds, of which in a round's gap).
+type QuietRow = (String, u64, u64, u64, u64);
+
+/// What [`tree_quiet_users`] found, per rule, summed over `seeds`: 200 users, 300 bursts a
+/// second, 6 s each, as the mesh's table.
+fn tree_quiet_table(
+    nodes: usize,
+    seeds: std::ops::RangeInclusive<u64>,
+    from: QuietFrom,
+) -> Vec<QuietRow> {
+    let mut table: Vec<QuietRow> = Vec::new();
+    for seed in seeds {
+        for (i, q) in tree_quiet_users(nodes, seed, 200, 300, 6 * SECOND, from)
+            .into_iter()
+            .enumerate()
+        {
+            if table.len() <= i {
+                table.push((q.rule.clone(), 0, 0, 0, 0));
+            }
+            table[i].1 += q.judge.must_admit;
+            table[i].2 += q.judge.false_denials;
+            table[i].3 += q.early;
+            table[i].4 += q.judge.in_gap;
+        }
+    }
+    table
+}
+
+/// The tree's quiet users (design §3.3.3, as the mesh's `quiet_users_table`): `cargo test
+/// --release --lib tree_quiet_users_table -- --ignored --nocapture`.
+#[test]
+#[ignore = "a measurement: prints the tree's false denials of quiet users per rule"]
+fn tree_quiet_users_table() {
+    println!(
+        "| nodes | load from | rule | far from the limit | false denials | in a window's first 2 rounds | in a round's gap |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for from in [QuietFrom::Start, QuietFrom::Round, QuietFrom::Thawed] {
+        for nodes in [1, 3, 5] {
+            for (rule, far, denied, early, in_gap) in tree_quiet_table(nodes, 1..=3, from) {
+                println!(
+                    "| {nodes} | {from:?} | {rule} | {far} | {denied} ({:.2}%) | {early} | {in_gap} |",
+                    100.0 * denied as f64 / far.max(1) as f64
+                );
+            }
+        }
+    }
+}
+
+/// Quiet users far from their limits, once the cluster has run past the windows it started
+/// in (a start waits those out, see the table): a lone node denies none, as a standalone
+/// node; on 3 and 5 nodes every member's base serves a key's first checks, so all but a
+/// few of the checks the false-denial judge covers are admitted (the few: a key a busy
+/// round took a node's base of, waiting for its grant).
+#[test]
+fn tree_quiet_users_far_from_their_limits_are_admitted_at_once() {
+    for nodes in [1, 3, 5] {
+        for (rule, far, denied, _, _) in tree_quiet_table(nodes, 1..=1, QuietFrom::Thawed) {
+            assert!(far > 1000, "{nodes} nodes, {rule}: {far} judged");
+            let allowed = if nodes == 1 { 0 } else { far / 100 };
+            assert!(
+                denied <= allowed,
+                "{nodes} nodes, {rule}: {denied} of {far} denied"
+            );
+        }
+    }
+}
+
+/// Far from the limit the tree is invisible: once the cluster has run a slot's first round
+/// in one view, every member holds a base of every key there, so a key's first check at any
+/// member is admitted at once, in the slot's first millisecond as later. Without bases each
+/// such check waited for a round's grant.
+#[test]
+fn a_keys_first_check_at_any_member_is_admitted_at_once() {
+    for nodes in [3, 5] {
+        let mut sim = TreeSim::new(nodes, window(100), TreeParams::default(), 31);
+        sim.advance(3 * SECOND);
+        // The first millisecond of slot 3, then later in it, each time fresh keys at
+        // every member.
+        let mut refused = Vec::new();
+        for (step, ms) in [1, 250, 499].into_iter().enumerate() {
+            sim.advance(ms * MS - sim.now % SECOND);
+            for i in 0..nodes {
+                let key = format!("fresh-{step}-{i}");
+                if !sim.check(i, "w", &key, 1) {
+                    refused.push(key);
+                }
+            }
+        }
+        assert!(refused.is_empty(), "{nodes} nodes refused {refused:?}");
+    }
+}
+
+/// Near the limit bases cost nothing measurable: a hot key at three times its limit gets
+/// nearly all of it, spread evenly or 80/10/10 (98%), or all at one node (95%), on 3 and 5
+/// nodes. A node
+/// that never saw the key gives back its base when the key's totals reach it (pressed),
+/// keeping only its escrow, which shrinks to nothing near the limit.
+#[test]
+fn a_hot_key_at_three_times_its_limit_gets_nearly_all_of_it() {
+    for nodes in [3usize, 5] {
+        for spread in ["even", "80/10/10", "one node"] {
+            let mut sim = TreeSim::new(nodes, window(200), TreeParams::default(), 37);
+            sim.advance(3 * SECOND);
+            // 600 per second: per node per ms, in millionths.
+            let weight = |i: usize| -> u64 {
+                match (spread, i) {
+                    ("even", _) => 600_000 / nodes as u64,
+                    (_, 0) if spread == "80/10/10" => 480_000,
+                    ("80/10/10", _) => 120_000 / (nodes as u64 - 1),
+                    (_, 0) => 600_000,
+                    _ => 0,
+                }
+            };
+            for _ in 0..5000 {
+                sim.advance(MS);
+                for i in 0..nodes {
+                    if sim.random() % 1_000_000 < weight(i) {
+                        sim.check(i, "w", "k", 1);
+                    }
+                }
+            }
+            let windows: Vec<u64> = (3..8).map(|x| admitted_in(&sim, x)).collect();
+            let share = windows.iter().sum::<u64>() as f64 / (200.0 * windows.len() as f64);
+            assert!(windows.iter().all(|&w| w <= 200), "{windows:?}");
+            // Alone on the key, a node waits for the others' escrow to shrink to nothing,
+            // a round a step: the margin's worth (as over the mesh).
+            let floor = if spread == "one node" { 0.95 } else { 0.98 };
+            assert!(
+                share >= floor,
+                "{nodes} nodes, {spread}: {windows:?} ({:.1}%)",
+                share * 100.0
+            );
+        }
+    }
 }
