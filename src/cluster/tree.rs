@@ -46,13 +46,23 @@
 //!   `on_partition = "split"` (design §5). When the sides merge, the totals include both
 //!   sides' charges and nothing more is granted until the room is free again.
 //!
+//! - *Bases.* Every member claims `⌊C'/n⌋` of every key in each slot its boundary is the
+//!   first to touch (`C'` the limit less the escrow margin, `n` its view's members) and
+//!   reports the claim per (rule, slot) in every round's sums; the free room is the limit
+//!   less admitted, held and the claims not in any reporter's counts. A claim is spent (a
+//!   check takes it into the key's slot, [`Slot::take_base`]) only once a complete round
+//!   shows every member in its view since the claim's round ([`Tree::confirm`]): every round
+//!   that could grant in the slot then counted it. So a key's first check at any member is
+//!   admitted at once in a based slot. See design §11.1.
+//!
 //! The view's hash covers the rules (name, limit, period), so nodes configured differently
 //! never complete a round together. Sums larger than a frame go in parts.
 //!
 //! What the full mesh has that this does not (yet): sliding windows and buckets, starters
-//! (a key's first check at a node waits for a round's grant), ghosts of crashed members
-//! (a crash freezes the open slots until they end), `hold` across partitions, and counts
-//! readable by every node (a node sees totals only for keys it reported).
+//! (a key's first check at a node waits for a round's grant in a slot it has no confirmed
+//! base in), ghosts of crashed members (a crash freezes the open slots until they end),
+//! `hold` across partitions, and counts readable by every node (a node sees totals only for
+//! keys it reported).
 //! A node runs it with `[cluster] exchange = "tree"` (`Engine::clustered_tree`, and the
 //! round task of `cluster::node`); the simulation (`tree::sim`, `gossamer sim --tree`) runs
 //! it on virtual time.
