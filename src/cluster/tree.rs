@@ -180,7 +180,12 @@ impl Agg {
     /// The bases of `e`'s slot held by members that did not report `e`: claimed, and not
     /// in the entry's `admitted` and `held`.
     fn unreported(&self, e: &EntryKey, s: Option<&Sums>) -> u64 {
-        let claimed = self.bases.get(&(e.0.clone(), e.2)).copied().unwrap_or(0);
+        // A few (rule, slot)s at most: a scan, with no key to build per entry.
+        let claimed = self
+            .bases
+            .iter()
+            .find(|((rule, x), _)| *rule == e.0 && *x == e.2)
+            .map_or(0, |(_, &units)| units);
         claimed.saturating_sub(s.map_or(0, |s| s.based))
     }
 }
@@ -438,7 +443,9 @@ impl TreeKeys {
             .update(key, now, KeyState::default, KeyState::is_empty, |k| {
                 let slot = now / limit.period();
                 let s = k.slots.entry(slot).or_default();
-                s.take_base(r.base(slot));
+                if s.based == 0 {
+                    s.take_base(r.base(slot));
+                }
                 let mut decision =
                     decision(&limit, k.admitted_in.get(&slot).copied(), s, cost, now);
                 match decision.verdict {
@@ -477,7 +484,9 @@ impl TreeKeys {
                 .and_then(|k| k.slots.get(&slot))
                 .copied()
                 .unwrap_or_default();
-            s.take_base(r.base(slot));
+            if s.based == 0 {
+                s.take_base(r.base(slot));
+            }
             (s, k.and_then(|k| k.admitted_in.get(&slot).copied()))
         });
         let mut d = decision(&r.limit, total, &s, 1, now);
