@@ -255,6 +255,13 @@ struct KeyState {
 }
 
 impl KeyState {
+    /// Keeps round `n`'s totals `t` of slot `x`: the view's demand and what was admitted.
+    fn take_totals(&mut self, n: u64, x: u64, t: &Sums) {
+        self.total_demand = t.demand;
+        self.totals_round = Some(n);
+        self.admitted_in.insert(x, t.admitted);
+    }
+
     /// Nothing held, admitted or asked for: the key need not be kept.
     fn is_empty(&self) -> bool {
         self.slots.is_empty() && self.demand == 0 && self.arrivals == 0
@@ -1210,8 +1217,8 @@ impl Tree {
             // It gave back all it held and admits nothing more: no grant.
             return;
         }
-        // Keys whose asks exceed the free room: this node takes its base of them (if it has
-        // one and has not), so its next boundary gives back what its target does not keep.
+        // Pressed keys: this node takes its base of them (if it has one and has not), so its
+        // next boundary gives back what its target does not keep.
         for &e in &pressed {
             let (rule, key, x) = e;
             let Some(r) = keys.rules.get(rule) else {
@@ -1230,9 +1237,7 @@ impl Tree {
                 KeyState::is_empty,
                 |k| {
                     k.slots.entry(*x).or_default().take_base(base);
-                    k.total_demand = t.demand;
-                    k.totals_round = Some(n);
-                    k.admitted_in.insert(*x, t.admitted);
+                    k.take_totals(n, *x, &t);
                 },
             );
         }
@@ -1259,9 +1264,7 @@ impl Tree {
                 (at(t.offset.saturating_add(mine.raw)) - at(t.offset)) as u64
             };
             let applied = r.keys.update_stored(key, |k| {
-                k.total_demand = t.demand;
-                k.totals_round = Some(n);
-                k.admitted_in.insert(*x, t.admitted);
+                k.take_totals(n, *x, t);
                 if g > 0 {
                     k.slots.entry(*x).or_default().held += g;
                 }
