@@ -2901,8 +2901,8 @@ impl Global {
             // slot leased ahead (with the previous slot's holdings counted against it) is not
             // handed back at its start only to be leased again a round later.
             let active = a_known > 0 || in_demand || explicit_total > 0;
+            let even = escrow(c, a) / reachable.len().max(1) as u64;
             let mut targets: Vec<u64> = if active {
-                let even = escrow(c, a) / reachable.len().max(1) as u64;
                 let rest = total - even * reachable.len() as u64;
                 weights
                     .iter()
@@ -2973,11 +2973,23 @@ impl Global {
                 && explicit_in(0, x).is_none()
                 && base_in(0, x) > 0
                 && (grants[0] > 0 || (!ahead && targets[0] < helds[0]));
-            let target = if !ahead || !convert {
-                targets[0]
+            // Returns ahead: in the current slot, what this node keeps at the next boundary
+            // is its target less its share of what the participants will likely spend before
+            // the next instant (their demand, each up to its target). Every target falls by
+            // about that much there, as the room shrinks by what is spent; a node that keeps
+            // only what its next target will be frees the rest for the others' next instant
+            // instead of the one after.
+            let keep = if x == cur && active {
+                let spend: u64 = reachable
+                    .iter()
+                    .zip(&targets)
+                    .map(|(&i, &t)| demands[i].min(t))
+                    .fold(0, u64::saturating_add);
+                targets[0].saturating_sub((spend / reachable.len().max(1) as u64).min(even))
             } else {
-                u64::MAX
+                targets[0]
             };
+            let target = if !ahead || !convert { keep } else { u64::MAX };
             mine.push((x, grants[0], target, convert));
         }
         // This node's starters: charged, the one of the current slot becomes held room (what
