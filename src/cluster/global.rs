@@ -3685,8 +3685,8 @@ fn short_step(limit: &Limit) -> u64 {
 /// participant's `(rate, burst, short)` as its frame says (this node first).
 ///
 /// Every participant's tokens are its capacity less what it lacks; each one's part of their
-/// sum is its burst target's (`u_i`). A node holding more than its part by a quarter and a
-/// token gives the excess back; the pool goes first to the nodes short of their parts, each
+/// sum is its burst target's (`u_i`). A node holding more than its part by over a token
+/// gives the excess back; the pool goes first to the nodes short of their parts, each
 /// its shortfall (all of them scaled down alike if the pool is smaller), and what is left by
 /// burst target. Every node reads the same frames, so together they take up at most the pool.
 fn tokens_moved(limit: &Limit, demands: &[u64], held: &[(u64, u64, u64)], pool: u64) -> (u64, u64) {
@@ -3717,7 +3717,7 @@ fn tokens_moved(limit: &Limit, demands: &[u64], held: &[(u64, u64, u64)], pool: 
         lacks[0] + by_target(pool - lacking)
     };
     let mine = part(0);
-    let give = if tokens[0] > mine + mine / 4 + one {
+    let give = if tokens[0] > mine + one {
         tokens[0] - mine
     } else {
         0
