@@ -2901,8 +2901,43 @@ impl Global {
             // slot leased ahead (with the previous slot's holdings counted against it) is not
             // handed back at its start only to be leased again a round later.
             let active = a_known > 0 || in_demand || explicit_total > 0;
-            let even = escrow(c, a) / reachable.len().max(1) as u64;
-            let mut targets: Vec<u64> = if active {
+            let escrowed = escrow(c, a);
+            let even = escrowed / reachable.len().max(1) as u64;
+            // A deterministic order of the participants (hash of rule, key, slot and node
+            // id), for the units a split leaves over.
+            let order = || {
+                let mut order: Vec<usize> = (0..reachable.len()).collect();
+                order.sort_by_key(|&j| {
+                    let mut h = StableHasher::new();
+                    h.str(&l.label);
+                    h.str(key);
+                    h.u64(x);
+                    h.str(parts[reachable[j]].node);
+                    h.finish()
+                });
+                order
+            };
+            // A thin escrow (less than a unit per participant) goes one unit each to as many
+            // participants as it has units, in that order, where their demands together are
+            // below a unit a round each too: a split by such demand would pile units on the
+            // few nodes a check last came to, which are no likelier than any other to get the
+            // next one, while the units spread out each serve the next check that lands.
+            let demand_total: u64 = reachable
+                .iter()
+                .map(|&i| demands[i])
+                .fold(0, u64::saturating_add);
+            let thin = even == 0 && escrowed > 0 && demand_total < reachable.len() as u64;
+            let mut targets: Vec<u64> = if active && thin {
+                let mut t = vec![0; reachable.len()];
+                for &j in order().iter().take(escrowed as usize) {
+                    t[j] = 1;
+                }
+                let rest = total - escrowed;
+                for (tj, &wt) in t.iter_mut().zip(&weights) {
+                    *tj += u64::try_from(u128::from(rest) * wt / den).unwrap_or(0);
+                }
+                t
+            } else if active {
                 let rest = total - even * reachable.len() as u64;
                 weights
                     .iter()
@@ -2917,21 +2952,21 @@ impl Global {
                 0
             };
             if left > 0 {
-                let mut order: Vec<usize> = (0..targets.len()).collect();
-                order.sort_by_key(|&j| {
-                    let mut h = StableHasher::new();
-                    h.str(&l.label);
-                    h.str(key);
-                    h.u64(x);
-                    h.str(parts[reachable[j]].node);
-                    h.finish()
-                });
-                for j in order.into_iter().cycle() {
+                for j in order().into_iter().cycle() {
                     if left == 0 {
                         break;
                     }
                     targets[j] += 1;
                     left -= 1;
+                }
+            }
+            // Above the escrow, a target is at most a round of its holder's demand (at least a
+            // unit): room a node would not spend by the next instant stays free there, for
+            // the participants whose demand shows up next.
+            if active {
+                for (j, t) in targets.iter_mut().enumerate() {
+                    let d = demands[reachable[j]];
+                    *t = (*t).min(even.saturating_add(d.max(1)));
                 }
             }
             let mut grants: Vec<u64> = targets
