@@ -71,6 +71,7 @@ pub fn receipt(state: &State, limit: &Limit, _now: Nanos) -> Receipt {
     Receipt {
         at: state.window * limit.period(),
         room: 0,
+        refunded: 0,
     }
 }
 

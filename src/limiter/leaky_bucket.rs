@@ -22,6 +22,8 @@ pub struct State {
     /// Scaled time (nanoseconds × `limit`) at which the bucket drains empty, reservations
     /// included. At or before the current time, the bucket is empty.
     empty_at: u128,
+    /// Whole units taken back out by refunds, ever (wrapping): see [`refund`].
+    refunded: u64,
 }
 
 /// The bucket's content at `now`, in scaled units (one unit of cost = `period`).
@@ -78,6 +80,7 @@ pub fn receipt(state: &State, limit: &Limit, now: Nanos) -> Receipt {
     Receipt {
         at: now,
         room: level(state, limit, now),
+        refunded: state.refunded,
     }
 }
 
@@ -86,8 +89,8 @@ pub fn receipt(state: &State, limit: &Limit, now: Nanos) -> Receipt {
 ///
 /// The mirror of [`token_bucket::refund`](super::token_bucket::refund): a bucket that drains
 /// empty loses its deficit, so only what the charge's level minus the drain since
-/// (`room − limit × (now − at)`) still holds can come out; the bucket never goes below
-/// empty. `shaping`: callers may have been given places behind the charge (waits), which
+/// (`room − limit × (now − at)`) still holds can come out, less what refunds of other charges
+/// since took out; the bucket never goes below empty. `shaping`: callers may have been given places behind the charge (waits), which
 /// already fixed when they leave; taking the charge out from under them would let later
 /// callers leave alongside them. So a shaping rule gives back only while nothing was poured
 /// after the charge (it is still the bucket's last).
@@ -105,10 +108,16 @@ pub fn refund(
         return 0;
     }
     let drained = u128::from(now.saturating_sub(receipt.at)) * rate;
+    // Refunds of other charges since this one took from the same level.
+    let others = u128::from(state.refunded.wrapping_sub(receipt.refunded)) * period;
     let back = amount
-        .min(div_u64(receipt.room.saturating_sub(drained), period))
+        .min(div_u64(
+            receipt.room.saturating_sub(drained).saturating_sub(others),
+            period,
+        ))
         .min(div_u64(level(state, limit, now), period));
     state.empty_at -= u128::from(back) * period;
+    state.refunded = state.refunded.wrapping_add(back);
     back
 }
 
@@ -216,6 +225,23 @@ mod tests {
         // empty half a second ago and lost the rest of the drain: only 10 of 15 come out.
         assert_eq!(refund(&mut s, &l, &r, 15, T0 + SECOND, false), 10);
         assert!(is_fresh(&s, &l, T0 + SECOND));
+    }
+
+    #[test]
+    fn leaky_bucket_refund_takes_off_what_other_refunds_took_out_since() {
+        // 10/s, burst 10: two charges, 5 then 4, into an empty bucket (9). The first is
+        // settled for nothing at once (4). 300 ms on, 3 have drained and a check pours 3 (4).
+        // A bucket that never took the 4 would have drained empty, lost 3, and held 3: only
+        // 1 of the 4 may come out.
+        let l = meter(10, SECOND, 10);
+        let mut s = State::default();
+        let a = reserve(&mut s, &l, T0, 5, 0);
+        let b = reserve(&mut s, &l, T0, 4, 0);
+        assert_eq!(refund(&mut s, &l, &a, 5, T0, false), 5);
+        let later = T0 + 300 * MILLISECOND;
+        assert!(check(&mut s, &l, later, 3, 0).allowed());
+        assert_eq!(refund(&mut s, &l, &b, 4, later, false), 1);
+        assert_eq!(decide(&s, &l, later, 0, 0).remaining, 7);
     }
 
     #[test]

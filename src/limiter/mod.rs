@@ -350,6 +350,11 @@ pub struct Receipt {
     /// empty. The refill or drain since `at` eats into it, and a refund never exceeds what
     /// is left of it (see [`token_bucket::refund`]).
     pub room: u128,
+    /// Buckets only (0 for windows): the bucket's count of whole units given back by refunds,
+    /// as of the charge (wrapping). A refund of another charge since took from the same
+    /// room, and a refund of this one takes only what is left of it (see
+    /// [`token_bucket::refund`]).
+    pub refunded: u64,
 }
 
 /// All limits' states for one key of a rule, checked and charged together.

@@ -97,6 +97,7 @@ pub fn receipt(state: &State, _limit: &Limit, now: Nanos) -> Receipt {
     Receipt {
         at: state.entries.back().map_or(now, |&(t, _)| t),
         room: 0,
+        refunded: 0,
     }
 }
 

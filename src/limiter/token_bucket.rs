@@ -22,6 +22,8 @@ pub struct State {
     /// When `tokens` was last brought up to date; refilling resumes from here. Later than
     /// `now` when the key owes tokens (or the clock stepped back): nothing refills until then.
     last: Nanos,
+    /// Whole tokens put back by refunds, ever (wrapping): see [`refund`].
+    refunded: u64,
 }
 
 fn capacity(limit: &Limit) -> u128 {
@@ -96,6 +98,7 @@ pub fn receipt(state: &State, limit: &Limit, now: Nanos) -> Receipt {
     Receipt {
         at: now,
         room: capacity(limit) - level(state, limit, now),
+        refunded: state.refunded,
     }
 }
 
@@ -106,17 +109,22 @@ pub fn receipt(state: &State, limit: &Limit, now: Nanos) -> Receipt {
 /// than that bucket. The charge left the bucket `receipt.room` below full, and the refill
 /// since (`limit × elapsed`) can have closed at most that gap, so what is left of it,
 /// `room − limit × (now − at)`, could not have been lost to the cap by a bucket charged less,
-/// whatever was admitted in between: up to that much is put back. Settled at once, all of
-/// it; once the bucket would have been full anyway, nothing (and nothing is lost: a bucket
-/// that refilled to full holds what the smaller charge would have left it).
+/// whatever was admitted in between: up to that much is put back. Refunds of other charges
+/// since this one closed the gap too (a bucket charged less would have had them as well), so
+/// they come off it first. Settled at once, all of it; once the bucket would have been full
+/// anyway, nothing (and nothing is lost: a bucket that refilled to full holds what the
+/// smaller charge would have left it).
 pub fn refund(state: &mut State, limit: &Limit, receipt: &Receipt, amount: u64, now: Nanos) -> u64 {
     let period = u128::from(limit.period());
     let rate = u128::from(limit.limit());
     let refilled = u128::from(now.saturating_sub(receipt.at)) * rate;
-    let back = amount.min(div_u64(receipt.room.saturating_sub(refilled), period));
+    let others = u128::from(state.refunded.wrapping_sub(receipt.refunded)) * period;
+    let left = receipt.room.saturating_sub(refilled).saturating_sub(others);
+    let back = amount.min(div_u64(left, period));
     if back == 0 {
         return 0;
     }
+    state.refunded = state.refunded.wrapping_add(back);
     let mut give = u128::from(back) * period;
     if state.last > now {
         // First pay off what the bucket owes (the time before it refills again).
@@ -259,6 +267,25 @@ mod tests {
         let r = reserve(&mut s, &l, T0, 20);
         assert_eq!(refund(&mut s, &l, &r, 15, T0 + SECOND), 10);
         assert_eq!(decide(&s, &l, T0 + SECOND, 0).remaining, 20);
+    }
+
+    #[test]
+    fn token_bucket_refund_takes_off_what_other_refunds_put_back_since() {
+        // 10/s, burst 10: two reservations, 5 then 4, from a full bucket (1 left). The first
+        // is settled for nothing at once (5 back: 6). 300 ms on, 3 have refilled and a check
+        // spends 3 (6). A bucket that never took the 4 would have been at 10 then, lost 3 to
+        // its cap, and spent 3: 7. So only 1 of the 4 may come back, not the 4 its own room
+        // alone allows (found by `reserve_then_settle_never_admits_more_than_checks_of_the_
+        // actual_cost`).
+        let l = bucket(10, SECOND, 10);
+        let mut s = State::default();
+        let a = reserve(&mut s, &l, T0, 5);
+        let b = reserve(&mut s, &l, T0, 4);
+        assert_eq!(refund(&mut s, &l, &a, 5, T0), 5);
+        let later = T0 + 300 * MILLISECOND;
+        assert!(check(&mut s, &l, later, 3).allowed());
+        assert_eq!(refund(&mut s, &l, &b, 4, later), 1);
+        assert_eq!(decide(&s, &l, later, 0).remaining, 7);
     }
 
     #[test]
