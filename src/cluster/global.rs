@@ -2922,11 +2922,13 @@ impl Global {
             // below a unit a round each too: a split by such demand would pile units on the
             // few nodes a check last came to, which are no likelier than any other to get the
             // next one, while the units spread out each serve the next check that lands.
-            let demand_total: u64 = reachable
-                .iter()
-                .map(|&i| demands[i])
-                .fold(0, u64::saturating_add);
-            let thin = even == 0 && escrowed > 0 && demand_total < reachable.len() as u64;
+            let thin = even == 0
+                && escrowed > 0
+                && reachable
+                    .iter()
+                    .map(|&i| demands[i])
+                    .fold(0, u64::saturating_add)
+                    < reachable.len() as u64;
             let mut targets: Vec<u64> = if active && thin {
                 let mut t = vec![0; reachable.len()];
                 for &j in order().iter().take(escrowed as usize) {

@@ -90,9 +90,9 @@ pub fn receipt(state: &State, limit: &Limit, now: Nanos) -> Receipt {
 /// The mirror of [`token_bucket::refund`](super::token_bucket::refund): a bucket that drains
 /// empty loses its deficit, so only what the charge's level minus the drain since
 /// (`room − limit × (now − at)`) still holds can come out, less what refunds of other charges
-/// since took out; the bucket never goes below empty. `shaping`: callers may have been given places behind the charge (waits), which
-/// already fixed when they leave; taking the charge out from under them would let later
-/// callers leave alongside them. So a shaping rule gives back only while nothing was poured
+/// since took out; the bucket never goes below empty. `shaping`: callers may have been given
+/// places behind the charge (waits), which already fixed when they leave; taking the charge
+/// out from under them would let later callers leave alongside them. So a shaping rule gives back only while nothing was poured
 /// after the charge (it is still the bucket's last).
 pub fn refund(
     state: &mut State,
