@@ -383,9 +383,8 @@ fn full_shares(tag: &str, full: &[(u64, u64)]) -> f64 {
 // 1. Formation and exact windows
 
 /// 1. Three nodes form a tree (every node has 3 members in its view and completes rounds).
-///    In the next window (the one they started in is frozen: a starting node grants nothing
-///    more there), a key's first check at each node waits for its first grant (a round and
-///    the tree's hops) and is admitted; under 2x load per window spread over every node, the
+///    In the next window (the one they started in is not based: claims are made before a
+///    slot opens), a key's first check at each node is admitted within a second; under 2x load per window spread over every node, the
 ///    cluster admits at most the limit in every window and at least 90% of it in every full
 ///    window.
 #[test]

@@ -895,13 +895,33 @@ async fn tree_rounds(
         let now = clock.now();
         // A boundary visits every key the node tracks: keep it off the async worker.
         tick_blocking(
-            move || super::lock(&t).tick(now),
+            move || tree_step(&t, |t| t.tick(now)),
             &sender,
             nice,
             &mut nice_failed,
         )
         .await;
     }
+}
+
+/// Runs `step` on the tree, and says in the log when its first complete round lifts this
+/// node's start freeze (docs/design.md §11, "Starting").
+fn tree_step<R>(tree: &Mutex<Tree>, step: impl FnOnce(&mut Tree) -> R) -> R {
+    let mut t = super::lock(tree);
+    let (frozen, complete) = (t.start_frozen(), t.stats().complete_rounds);
+    let r = step(&mut t);
+    if frozen && !t.start_frozen() && t.stats().complete_rounds > complete {
+        if t.stats().vouched {
+            info!(
+                "the tree's first complete round: a member saw every round before this node started; serving"
+            );
+        } else {
+            info!(
+                "the tree's first complete round: no member saw the rounds before this node started (the cluster started or restarted whole); the windows open now start afresh, as a standalone node's do"
+            );
+        }
+    }
+    r
 }
 
 /// Runs a round's `tick` on a blocking thread of lowered priority, sends what it returns,
@@ -1090,7 +1110,7 @@ async fn receive(
                 }
                 received
             }
-            Exchange::Tree(tree, _) => super::lock(tree).receive(&peer, message),
+            Exchange::Tree(tree, _) => tree_step(tree, |t| t.receive(&peer, message)),
         };
         match received {
             Ok(out) => sender.send(out),

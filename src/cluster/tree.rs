@@ -37,10 +37,11 @@
 //!   whose new view's rounds are all from that round on, has nothing uncounted to freeze
 //!   for ([`Tree::handed_off`]).
 //! - A starting node freezes the same slots for itself (its previous incarnation may hold
-//!   room there), but only until a complete round shows a member that has applied every
-//!   round since before the slot opened ([`Tree::vouch_bound`]): that member saw any
-//!   incarnation that held room there leave, and froze (or was handed its count), and its
-//!   freeze is in the same totals.
+//!   room there) until its first complete round, whose totals carry the freeze of every
+//!   member that saw that incarnation leave. A member that saw it and left before that
+//!   round left this node's view too, which froze them here. If no member left saw it (the
+//!   whole cluster started or restarted), the slots open then start afresh, as a standalone
+//!   node's do when it restarts; [`TreeStats::vouched`] says which it was.
 //! - Across a partition, each side's view holds its own members and each allots the whole
 //!   limit in slots after its freeze: at most `sides × C` per slot, the bound of
 //!   `on_partition = "split"` (design §5). When the sides merge, the totals include both
@@ -312,8 +313,10 @@ pub struct TreeStats {
     /// Members that left the view with their admissions carried by a member still in it: no
     /// freeze.
     pub left_carried: u64,
-    /// Whether this node's start freeze was lifted by a member that saw every round that
-    /// could have granted its previous incarnation room ([`Tree::vouch_bound`]).
+    /// Whether the complete round that lifted this node's start freeze showed a member that
+    /// saw every round that could have granted its previous incarnation room
+    /// ([`Tree::vouch_bound`]). False once lifted: nobody left saw those rounds (the cluster
+    /// started or restarted whole), and the slots open at the start began afresh.
     pub vouched: bool,
 }
 
@@ -350,12 +353,12 @@ pub struct Tree {
     frozen_through: u64,
     /// The start freeze: no grant in any slot a round up to this one could have granted
     /// room in, since this node's previous incarnation, if any, may hold room there. Its own
-    /// (not in the sums), and lifted (0) by a complete round whose totals show a member
-    /// that has applied every round since before any such grant ([`Tree::vouch_bound`]).
+    /// (not in the sums), and lifted (0) by this node's first complete round, whose totals
+    /// carry the freeze of every member that saw that incarnation leave (module docs).
     start_freeze: u64,
     /// A member vouches for this node's start if it has applied complete rounds without a
     /// gap since this round or earlier: the first round that could grant room in the
-    /// slot of the longest rule that was open when this node started.
+    /// slot of the longest rule that was open when this node started ([`Tree::vouch_bound`]).
     vouch_bound: u64,
     /// The first complete round this node applied since it started or was stopped.
     since: Option<u64>,
@@ -683,11 +686,12 @@ impl Tree {
 
     /// The first round that could have granted room in the slot (of this node's longest
     /// rule) that was open when it started. A member that has applied complete rounds
-    /// without a gap since this round or earlier saw every member that could hold room
-    /// there: each one that left since froze it, unless it handed its admissions to a member
-    /// still in the view. So once a complete round's totals show such a member, this node's
-    /// start freeze is lifted. (Without one, say the whole cluster restarted, it waits the
-    /// slots out.)
+    /// without a gap since this round or earlier *vouches* for this node's start: it saw
+    /// every member that could hold room there, and each one that left since froze it,
+    /// unless it handed its admissions to a member still in the view. When the first
+    /// complete round's totals show no such member, nobody left saw the rounds before this
+    /// node started (the whole cluster started or restarted): the open slots start afresh
+    /// ([`TreeStats::vouched`] false).
     pub fn vouch_bound(&self) -> u64 {
         self.vouch_bound
     }
@@ -1206,9 +1210,11 @@ impl Tree {
         // this node may not have, if it was away) keeps everyone from granting where the
         // one that left may hold room.
         self.freeze(totals.freeze);
-        if self.start_freeze > 0 && totals.vouch <= self.vouch_bound {
+        // The first complete round lifts the start freeze: the freeze of every member that
+        // saw this node's previous incarnation leave is in `totals.freeze`, taken up above.
+        if self.start_freeze > 0 {
             self.start_freeze = 0;
-            self.stats.vouched = true;
+            self.stats.vouched = totals.vouch <= self.vouch_bound;
             self.publish_freeze();
         }
         self.confirm(n, totals.since);
