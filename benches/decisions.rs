@@ -390,7 +390,7 @@ fn tree(c: &mut Criterion, keys: &Keys) {
     gossamer::cluster::lock(&tree).set_members(std::slice::from_ref(&me), clock.now());
     // Past the start's freeze (the slots a previous incarnation could hold room in), to a
     // round early in a slot, so the measurement stays in it.
-    while clock.now() % SECOND != 0 || clock.now() < T0 + 3 * SECOND {
+    while !clock.now().is_multiple_of(SECOND) || clock.now() < T0 + 3 * SECOND {
         tick();
     }
     let few = 10_000;

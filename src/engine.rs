@@ -1003,7 +1003,7 @@ fn slot_len(counted: &Counted, l: &Limit) -> Nanos {
             let round = global.params().round;
             let k = (1..=LOG_SUBSLOTS)
                 .rev()
-                .find(|k| l.period() % (k * round) == 0)
+                .find(|k| l.period().is_multiple_of(k * round))
                 .unwrap_or(1);
             l.period() / k
         }

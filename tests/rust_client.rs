@@ -123,10 +123,10 @@ impl Node {
             {
                 panic!("serve exited early with {status}");
             }
-            if let Ok(client) = &mut probe {
-                if client.get("/readyz").await.is_ok_and(|r| r.status == 200) {
-                    return;
-                }
+            if let Ok(client) = &mut probe
+                && client.get("/readyz").await.is_ok_and(|r| r.status == 200)
+            {
+                return;
             }
             sleep(Duration::from_millis(25)).await;
             probe = gossamer_client::raw::Client::connect(&self.url()).await;

@@ -1772,8 +1772,9 @@ impl Global {
             open: false,
             ..phase
         });
-        let full =
-            st.view_changed || st.full_requested || n % (5 * self.params.full_every.max(1)) == 0;
+        let full = st.view_changed
+            || st.full_requested
+            || n.is_multiple_of(5 * self.params.full_every.max(1));
         st.view_changed = false;
         st.full_requested = false;
         let want_full: Vec<String> = st
@@ -1963,7 +1964,7 @@ impl Global {
                 }))
             })
             .collect();
-        if n % self.params.full_every.max(1) == 0 && !st.peers.is_empty() {
+        if n.is_multiple_of(self.params.full_every.max(1)) && !st.peers.is_empty() {
             out.push(Output::ToAll(Message::Digest {
                 from: self.me.clone(),
                 digest: st.counters.digest(),

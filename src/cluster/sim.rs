@@ -337,7 +337,7 @@ impl Sim {
         let end = self.now + dt;
         while self.now < end {
             self.now = (self.now + MS).min(end);
-            if self.now % (100 * MS) == 0 {
+            if self.now.is_multiple_of(100 * MS) {
                 self.gossip();
                 self.join();
             }
@@ -1645,7 +1645,7 @@ mod tests {
         String,
         Vec<(Nanos, Vec<String>)>,
     ) {
-        let on_partition = if seed % 2 == 0 {
+        let on_partition = if seed.is_multiple_of(2) {
             OnPartition::Hold
         } else {
             OnPartition::Split
@@ -1731,7 +1731,7 @@ mod tests {
                     continue;
                 }
                 let rule = sim.between(0, names.len() as u64) as usize;
-                let key = if sim.random() % 4 == 0 {
+                let key = if sim.random().is_multiple_of(4) {
                     0
                 } else {
                     sim.between(1, 301) as u32

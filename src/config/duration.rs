@@ -29,7 +29,7 @@ pub fn parse_duration(s: &str) -> Result<Nanos, String> {
 /// Formats nanoseconds in the largest unit that divides them exactly (`"1m"`, `"250ms"`).
 pub fn format_duration(n: Nanos) -> String {
     for (unit, scale) in UNITS.iter().rev() {
-        if n >= *scale && n % scale == 0 {
+        if n >= *scale && n.is_multiple_of(*scale) {
             return format!("{}{unit}", n / scale);
         }
     }

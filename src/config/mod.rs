@@ -1012,10 +1012,8 @@ impl Parser<'_> {
             None => None,
             Some(v) => Some(positive_integer(v).map_err(|m| err("burst", m))?),
         };
-        if own_table {
-            if let Some(field) = f.unknown() {
-                return Err(err(field, "unknown field".into()));
-            }
+        if own_table && let Some(field) = f.unknown() {
+            return Err(err(field, "unknown field".into()));
         }
         Limit::new(algorithm, limit, period, burst).map_err(|e| {
             let field = match e {

@@ -88,10 +88,10 @@ fn retry_after(limit: &Limit, now: Nanos, start: Nanos, prev: u64, curr: u64, co
         (slack > 0).then(|| period.saturating_sub(u64::try_from(slack).unwrap_or(u64::MAX)))
     };
     // Later in this window, as the previous window's weight declines.
-    if curr.saturating_add(cost) <= limit.limit() {
-        if let Some(e) = fits_at(prev, limit.limit() - curr - cost) {
-            return start + e - now;
-        }
+    if curr.saturating_add(cost) <= limit.limit()
+        && let Some(e) = fits_at(prev, limit.limit() - curr - cost)
+    {
+        return start + e - now;
     }
     // In the next window, where the current window becomes the previous one.
     if let Some(e) = fits_at(curr, limit.limit() - cost) {
