@@ -659,7 +659,9 @@ impl TreeSetup {
 /// crashing at once, restarts, pauses, clock offsets up to ±5 ms), then a calm network to
 /// 10 s. Checked after every millisecond: no slot admitted more than its limit times the
 /// sides the cluster was split into from a view lag before it opened to a view lag after it
-/// closed; no node's totals count more than was admitted (plus what leaving nodes handed
+/// closed (a paused node counts as a side of its own; the counts of slots open when every
+/// node was down at once go with them, so each stretch between such moments is judged on
+/// its own); no node's totals count more than was admitted (plus what leaving nodes handed
 /// over, which a leaving node and its carrier may both report for a round or two). After
 /// the faults: agreement within [`AGREE_WITHIN`]. Every check is also shown to the
 /// false-denial judge of its rule, which judges those made while [`TreeSim::whole`]:
@@ -707,6 +709,8 @@ pub fn run(setup: &TreeSetup) -> TreeOutcome {
     // (from, until, sides): when the cluster was split.
     let mut splits: Vec<(Nanos, Nanos, usize)> = Vec::new();
     let mut split_since: Option<Nanos> = None;
+    let mut paused_since: Vec<Option<Nanos>> = vec![None; n];
+    let mut pauses: Vec<(Nanos, Nanos)> = Vec::new();
     let mut calm_at = None;
     let mut agreed_at = None;
     let mut complete_at_calm: Vec<u64> = Vec::new();
@@ -777,6 +781,9 @@ pub fn run(setup: &TreeSetup) -> TreeOutcome {
                     format!("leave n{i}")
                 }
                 7 if sim.running(i) => {
+                    // A paused node is cut off: under `split` it and the others are sides
+                    // (a node that starts meanwhile may see nobody who saw the open slots).
+                    paused_since[i] = Some(sim.now);
                     sim.pause(i, true);
                     let back = sim.now + sim.between(200, 2001) * MS;
                     resumes.push((back, i));
@@ -800,6 +807,9 @@ pub fn run(setup: &TreeSetup) -> TreeOutcome {
         }
         for (at, i) in std::mem::take(&mut resumes) {
             if sim.now >= at || t >= FAULTS_UNTIL {
+                if let Some(from) = paused_since[i].take() {
+                    pauses.push((from, sim.now));
+                }
                 sim.pause(i, false);
                 out.schedule.push((ms_of(&sim), format!("resume n{i}")));
             } else {
@@ -882,6 +892,15 @@ pub fn run(setup: &TreeSetup) -> TreeOutcome {
                 .map(|(_, _, s)| s)
                 .max()
                 .unwrap_or(1) as u64;
+            // A paused node is cut off, a side of its own while it is stopped: a node that
+            // starts meanwhile, seeing nobody who saw the slot's rounds, starts it afresh.
+            let sides = sides
+                + pauses
+                    .iter()
+                    .copied()
+                    .chain(paused_since.iter().flatten().map(|&f| (f, sim.now)))
+                    .filter(|&(a, b)| a < until && b > from)
+                    .count() as u64;
             let over = admitted as i64 - (c * sides) as i64;
             out.worst_over = out.worst_over.max(over);
             if over > 0 && out.violations.len() < 10 {
