@@ -650,8 +650,8 @@ fn tree_section(threads: usize, large: bool) -> (String, Vec<ScalePoint>) {
     let _ = writeln!(
         md,
         "### Scale\n\n\
-         The same load as the full mesh's table above: the cluster forms (and waits out the \
-         slots a starting node freezes), then for 1 s every key is checked once a round at a \
+         The same load as the full mesh's table above: the cluster forms (and runs past the \
+         slots open at its start, which no member is based in), then for 1 s every key is checked once a round at a \
          random node; *bytes/node/s* is what each node sent then, the mean over nodes and the \
          most any one node sent (the root moves each round, so the most is an inner node's). \
          Then a burst of 5 on a fresh key at one node: *converge* is the time until the totals \

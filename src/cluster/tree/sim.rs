@@ -495,7 +495,8 @@ pub fn scale(nodes: usize, keys: usize, seed: u64) -> TreeScalePoint {
     let params = TreeParams::default();
     let round = params.round;
     let mut sim = TreeSim::new(nodes, rules, params, seed);
-    // Past the start's freeze (the slot after the first boundary's).
+    // Past the slots open at the start, which no member is based in (bases are claimed
+    // before a slot opens).
     sim.advance(2 * SECOND);
     let names: Vec<String> = (0..keys).map(|k| format!("k{k}")).collect();
     let sent_before: u64 = sim.bytes_sent.iter().sum();
