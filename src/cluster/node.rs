@@ -917,7 +917,7 @@ fn tree_step<R>(tree: &Mutex<Tree>, step: impl FnOnce(&mut Tree) -> R) -> R {
             );
         } else {
             info!(
-                "the tree's first complete round: no member saw the rounds before this node started (the cluster started or restarted whole); the windows open now start afresh, as a standalone node's do"
+                "the tree's first complete round: no member saw the rounds before this node started (the cluster started or restarted whole, or those members are cut off); the windows open now start afresh, as a standalone node's do"
             );
         }
     }

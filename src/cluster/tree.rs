@@ -39,9 +39,10 @@
 //! - A starting node freezes the same slots for itself (its previous incarnation may hold
 //!   room there) until its first complete round, whose totals carry the freeze of every
 //!   member that saw that incarnation leave. A member that saw it and left before that
-//!   round left this node's view too, which froze them here. If no member left saw it (the
-//!   whole cluster started or restarted), the slots open then start afresh, as a standalone
-//!   node's do when it restarts; [`TreeStats::vouched`] says which it was.
+//!   round left this node's view too, which froze them here. If no member in the round saw
+//!   it (the whole cluster started or restarted, or those that did are cut off: `split`'s
+//!   sides), the slots open then start afresh, as a standalone node's do when it restarts;
+//!   [`TreeStats::vouched`] says which it was.
 //! - Across a partition, each side's view holds its own members and each allots the whole
 //!   limit in slots after its freeze: at most `sides × C` per slot, the bound of
 //!   `on_partition = "split"` (design §5). When the sides merge, the totals include both
@@ -315,8 +316,9 @@ pub struct TreeStats {
     pub left_carried: u64,
     /// Whether the complete round that lifted this node's start freeze showed a member that
     /// saw every round that could have granted its previous incarnation room
-    /// ([`Tree::vouch_bound`]). False once lifted: nobody left saw those rounds (the cluster
-    /// started or restarted whole), and the slots open at the start began afresh.
+    /// ([`Tree::vouch_bound`]). False once lifted: nobody in it saw those rounds (the cluster
+    /// started or restarted whole, or those that did are cut off), and the slots open at the
+    /// start began afresh.
     pub vouched: bool,
 }
 
@@ -689,9 +691,9 @@ impl Tree {
     /// without a gap since this round or earlier *vouches* for this node's start: it saw
     /// every member that could hold room there, and each one that left since froze it,
     /// unless it handed its admissions to a member still in the view. When the first
-    /// complete round's totals show no such member, nobody left saw the rounds before this
-    /// node started (the whole cluster started or restarted): the open slots start afresh
-    /// ([`TreeStats::vouched`] false).
+    /// complete round's totals show no such member, nobody in it saw the rounds before this
+    /// node started (the whole cluster started or restarted, or those that did are cut off):
+    /// the open slots start afresh ([`TreeStats::vouched`] false).
     pub fn vouch_bound(&self) -> u64 {
         self.vouch_bound
     }
