@@ -406,9 +406,9 @@ pub struct TreeKeys {
     /// One past the last complete round applied (0 before any): a check held for the grants
     /// of round `n` is let go once this passes `n` ([`TreeKeys::granted_through`]).
     applied_through: AtomicU64,
-    /// The tree's `frozen_through` (or start freeze, the later): a check denied in a frozen
-    /// slot is told to retry at the slot's end, not after the next round (no grant comes
-    /// there).
+    /// The tree's `frozen_through`: a check denied in a slot frozen by a member leaving is
+    /// told to retry at the slot's end, not after the next round (no grant comes there).
+    /// Not the start freeze, which the first complete round lifts before it grants.
     frozen_through: AtomicU64,
 }
 
@@ -530,9 +530,10 @@ impl TreeKeys {
     }
 
     /// [`TreeKeys::grant_wait`] for a slot of `limit` that a grant can still come in: `None`
-    /// if the slot holding `now` is frozen (a member left, or this node started or was
-    /// stopped, since its rounds could grant there), so only what is held is spent there
-    /// until it ends.
+    /// if the slot holding `now` is frozen (a member left, or this node was stopped, since
+    /// its rounds could grant there), so only what is held is spent there until it ends. A
+    /// starting node's own freeze does not count: its first complete round lifts it, and
+    /// grants.
     fn grant_wait_in(&self, limit: &Limit, now: Nanos) -> Option<Nanos> {
         let through = self.frozen_through.load(Ordering::Relaxed);
         let slot = now / limit.period();
@@ -602,7 +603,7 @@ impl Tree {
             members: AtomicUsize::new(0),
             complete_rounds: AtomicU64::new(0),
             applied_through: AtomicU64::new(0),
-            frozen_through: AtomicU64::new(next_round),
+            frozen_through: AtomicU64::new(0),
         });
         // The slot of the longest rule open now: rounds from one before it starts could
         // have granted the previous incarnation room there.
@@ -677,7 +678,7 @@ impl Tree {
     fn publish_freeze(&self) {
         self.keys
             .frozen_through
-            .store(self.frozen_until(), Ordering::Relaxed);
+            .store(self.frozen_through, Ordering::Relaxed);
     }
 
     /// Whether `x` is a slot that a round up to this node's freeze could have granted room
@@ -883,7 +884,9 @@ impl Tree {
         }
         self.claim(n);
         let mut own = Entries::default();
-        let (frozen_through, round) = (self.frozen_until(), self.params.round);
+        // Asks go up in slots under the start freeze too: the first complete round lifts it
+        // before it grants (a freeze in its totals still stops the grant).
+        let (frozen_through, round) = (self.frozen_through, self.params.round);
         let members = self.members.len().max(1) as u64;
         let mut released = 0;
         let keys = self.keys.clone();
@@ -946,8 +949,8 @@ impl Tree {
                     } else {
                         target
                     };
-                    // A frozen slot is served from what is held: nothing is asked for there, and
-                    // nothing given back (nobody could be granted it).
+                    // A slot frozen by a member leaving is served from what is held: nothing is
+                    // asked for there, and nothing given back (nobody could be granted it).
                     let frozen = frozen(frozen_through, round, x, len);
                     if s.held > target && !frozen {
                         released += s.held - target;
