@@ -42,7 +42,9 @@ would. With `--exchange tree` a freshly started cluster is in its *start freeze*
 (`gossamer_cluster_tree_start_frozen` 1, docs/operations.md) until each node's first complete
 round, a round or two after it joins; `--wait-unfrozen` waits (up to 70 s) for every node
 to leave it before the load. The minute window open at the start is not based (design
-§3.3.3), so a key new at a node waits for a round's grant there until the next minute.
+§3.3.3), so a key new at a node waits for a round's grant there until the next minute;
+`--next-minute` starts the load in the next minute window instead (either exchange), to
+measure a cluster past its first windows.
 
 `--cluster-option KEY=VALUE` adds a line to the config's `[cluster]` table (e.g.
 `round_nice=0`, `'round_nice="idle"'`, `'on_partition="split"'`), to see what a setting changes.
@@ -58,6 +60,7 @@ How to run
     python3 benches/false_denials.py --separate            # 3 nodes, each standalone
     python3 benches/false_denials.py --exchange tree       # 3 nodes, aggregation tree
     python3 benches/false_denials.py --exchange tree --wait-unfrozen
+    python3 benches/false_denials.py --exchange tree --next-minute
     python3 benches/false_denials.py --stress 2            # 3 nodes + 2 busy loops
     python3 benches/false_denials.py --binary /tmp/gossamer --nodes 5 --users 5000 \\
         --duration 5 --concurrency 8 --json               # one JSON object on stdout
@@ -640,6 +643,10 @@ def main():
     ap.add_argument("--wait-unfrozen", action="store_true",
                     help="tree: also wait (up to 70 s) until no node reports "
                          "gossamer_cluster_tree_start_frozen 1 before the load")
+    ap.add_argument("--next-minute", action="store_true",
+                    help="start the load 0.5 s into the next wall-clock minute (up to 61 s "
+                         "after the nodes are up): the minute windows open at the start are "
+                         "behind, so a clustered node is based in the load's window")
     ap.add_argument("--cluster-option", action="append", default=[], metavar="KEY=VALUE",
                     help="add a line to the config's [cluster] table, e.g. round_nice=0 "
                          "(TOML value; repeatable)")
@@ -743,6 +750,14 @@ def run(args, binary, work):
             time.sleep(0.2)
         frozen_wait_s = time.monotonic() - t0
         log(f"false_denials: start freeze over on every node after {frozen_wait_s:.1f} s more")
+
+    minute_wait_s = None
+    if args.next_minute:
+        # Minute windows start on whole minutes of the Unix clock (window = now / 60 s).
+        wait = 60.0 - (time.time() % 60.0) + 0.5
+        log(f"false_denials: waiting {wait:.1f} s for the next minute window")
+        time.sleep(wait)
+        minute_wait_s = wait
 
     stressors = []
     if args.stress:
@@ -864,7 +879,8 @@ def run(args, binary, work):
         "standalone": not clustered, "users": args.users, "duration_s": args.duration,
         "concurrency": args.concurrency, "procs": args.procs,
         "cluster_options": args.cluster_option, "stress": args.stress, "rules": rules,
-        "formed_s": formed_s, "start_freeze_waited_s": frozen_wait_s, "load": load,
+        "formed_s": formed_s, "start_freeze_waited_s": frozen_wait_s,
+        "next_minute_waited_s": minute_wait_s, "load": load,
         "table": rows, "per_node": per_node,
         "denials": detail, "by_kind": kinds, "timeline": tl, "other_errors": others,
         "metrics": metrics,
@@ -880,7 +896,9 @@ def run(args, binary, work):
             print("[cluster] " + "; ".join(args.cluster_option))
         print(f"cluster formed (ready, all alive) {formed_s:.2f} s after launch" + (
             "" if frozen_wait_s is None else
-            f"; waited {frozen_wait_s:.1f} s more for the tree's start freeze to end"))
+            f"; waited {frozen_wait_s:.1f} s more for the tree's start freeze to end")
+          + ("" if minute_wait_s is None else
+             f"; load from the next minute window, {minute_wait_s:.1f} s later"))
         ncpu = ", ".join("-" if c is None else f"{c:.2f}" for c in load["node_cpu_cores"])
         began = time.strftime("%H:%M:%S", time.gmtime(wall_start)) + \
             f".{int(wall_start * 1000) % 1000:03d}"
