@@ -1136,7 +1136,9 @@ async fn members(
     // it would complete rounds by itself and grant itself the whole limit beside the
     // others, as a side of a partition does. (The mesh's `join` task does this for `Global`.)
     let join_by = tokio::time::Instant::now() + ready_timeout;
-    let mut joined = ready_timeout.is_zero();
+    // Only the tree waits here: for the mesh this task has nothing to join, and its wake-up
+    // at `join_by` below would fire on every pass once that moment is past, spinning a core.
+    let mut joined = ready_timeout.is_zero() || matches!(exchange, Exchange::Mesh(_));
     // Over the tree, the members greeted (node id, generation): see `receive`.
     let mut greeted: HashSet<(String, u64)> = HashSet::new();
     loop {
