@@ -13,7 +13,7 @@ per-user tiers a real API uses, every rule global (the default scope):
     fixed    fixed_window            60/min
     log      sliding_window_log      60/min
     counter  sliding_window_counter  60/min
-    hybrid   token_bucket 10/s burst 20  +  sliding_window_log 300/min (the README's)
+    hybrid   token_bucket 10/s burst 20  +  sliding_window_log 300/min (docs/configuration.md's)
 
 With `--exchange tree` the nodes run `[cluster] exchange = "tree"`, which accepts only global
 fixed windows of at most a minute, so only `fixed` is loaded. With `--standalone` one node

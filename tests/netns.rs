@@ -654,7 +654,8 @@ fn bucket_excess(samples: &[&Sample]) -> (usize, f64) {
 // Quiet users: no false 429s (design §3.3.3)
 
 /// The per-user tiers of a real API, every rule global: the workload of
-/// `benches/false_denials.py` (a token bucket, the three windows, and the README's hybrid).
+/// `benches/false_denials.py` (a token bucket, the three windows, and the hybrid of
+/// docs/configuration.md).
 const TIERS: &str = include_str!("../benches/false_denials.toml");
 
 /// What [`quiet_users`] saw, per rule (in [`TIERS`] order) and in all.
