@@ -9,40 +9,17 @@
 //!
 //! Every process is killed by a guard, every wait is bounded in count and time.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::process::Child;
 use std::time::Duration;
 
 use gossamer_client::raw::Client;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
 
-struct Nodes(Vec<Child>, PathBuf);
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn free_udp() -> u16 {
-    UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|s| s.local_addr())
-        .expect("a free UDP port")
-        .port()
-}
-
-fn free_tcp() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|s| s.local_addr())
-        .expect("a free TCP port")
-        .port()
-}
+#[path = "support/loopback.rs"]
+mod loopback;
+use loopback::{Nodes, free_tcp, free_udp, serve};
 
 /// User plus system CPU time of process `pid`, in clock ticks (`None` without `/proc`).
 fn cpu_ticks(pid: u32) -> Option<u64> {
@@ -83,20 +60,8 @@ async fn idle_ticks(exchange: &str) -> Option<Vec<u64>> {
         .map(|_| SocketAddr::from((Ipv4Addr::LOCALHOST, free_tcp())))
         .collect();
     for i in 0..2 {
-        let child = Command::new(BIN)
-            .current_dir(&dir)
-            .arg("serve")
-            .arg("--config")
-            .arg(&cfg)
-            .args(["--node-id", &format!("node-{}", i + 1)])
-            .args(["--http", &http[i].to_string()])
-            .args(["--gossip", &format!("127.0.0.1:{}", gossip[i])])
-            .args(["--seeds", &format!("127.0.0.1:{}", gossip[0])])
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("gossamer serve starts");
+        let node = format!("node-{}", i + 1);
+        let child = serve(BIN, &dir, &cfg, &node, http[i], gossip[i], gossip[0]);
         nodes.0.push(child);
     }
     for addr in &http {

@@ -5,40 +5,18 @@
 //!
 //! Every process is killed by a guard, every wait is bounded in count and time.
 
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use gossamer_client::raw::Client;
 
 const BIN: &str = env!("CARGO_BIN_EXE_gossamer");
 
-struct Nodes(Vec<Child>, PathBuf);
-
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn free_udp() -> u16 {
-    UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|s| s.local_addr())
-        .expect("a free UDP port")
-        .port()
-}
-
-fn free_tcp() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|s| s.local_addr())
-        .expect("a free TCP port")
-        .port()
-}
+#[path = "support/loopback.rs"]
+mod loopback;
+use loopback::{Nodes, free_tcp, free_udp, serve};
 
 fn certs(dir: &Path, out: &str, nodes: &str) {
     let status = Command::new(BIN)
@@ -82,20 +60,7 @@ async fn a_member_from_another_ca_never_holds_the_cluster_limit() {
         for (i, ca) in ["certs", "certs", "rogue"].iter().enumerate() {
             let node = format!("node-{}", i + 1);
             let cfg = config(&dir, &node, ca);
-            let child = Command::new(BIN)
-                .current_dir(&dir)
-                .arg("serve")
-                .arg("--config")
-                .arg(&cfg)
-                .args(["--node-id", &node])
-                .args(["--http", &http[i].to_string()])
-                .args(["--gossip", &format!("127.0.0.1:{}", gossip[i])])
-                .args(["--seeds", &format!("127.0.0.1:{}", gossip[0])])
-                .env_remove("RUST_LOG")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("gossamer serve starts");
+            let child = serve(BIN, &dir, &cfg, &node, http[i], gossip[i], gossip[0]);
             nodes.0.push(child);
         }
         // Gossip makes all three members of node-1's view (bounded wait).
