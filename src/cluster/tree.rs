@@ -880,7 +880,6 @@ impl Tree {
                 .is_none_or(|len| !frozen(self.start_freeze, self.params.round, start / len, len))
         {
             self.start_freeze = 0;
-            self.publish_freeze();
         }
         self.claim(n);
         let mut own = Entries::default();
@@ -1220,7 +1219,6 @@ impl Tree {
         if self.start_freeze > 0 {
             self.start_freeze = 0;
             self.stats.vouched = totals.vouch <= self.vouch_bound;
-            self.publish_freeze();
         }
         self.confirm(n, totals.since);
         self.since.get_or_insert(n);
