@@ -150,3 +150,44 @@ fn bytes_per_tracked_key() {
         "token_bucket holds {token_bucket:.1} bytes per key, over the {TOKEN_BUCKET_BUDGET} budget"
     );
 }
+
+/// Heap bytes per key that `keys`, each checked once at node 0, add to a simulated cluster of
+/// `nodes` (all nodes together, divided by nodes), measured `after` the checks.
+fn cluster_bytes_per_key(limits: Vec<Limit>, keys: &[String], nodes: usize, after: Nanos) -> f64 {
+    use gossamer::cluster::global::Params;
+    use gossamer::cluster::sim::Sim;
+    let mut sim = Sim::new(nodes, vec![("r".to_owned(), limits)], Params::default(), 1);
+    sim.track = false;
+    sim.advance(2 * SECOND);
+    let before = LIVE.load(Ordering::SeqCst);
+    for (i, key) in keys.iter().enumerate() {
+        sim.check(i % nodes, "r", key, 1);
+        if i % 1000 == 999 {
+            sim.advance(1_000_000);
+        }
+    }
+    sim.advance(after);
+    let now = LIVE.load(Ordering::SeqCst);
+    (now - before) as f64 / keys.len() as f64 / nodes as f64
+}
+
+#[test]
+fn bytes_per_global_key() {
+    let keys: Vec<String> = (0..KEYS / 10).map(|i| format!("user-{i:07}")).collect();
+    for nodes in [1, 3] {
+        for (name, l) in [
+            ("token_bucket", limit(Algorithm::TokenBucket, 100, None)),
+            ("fixed_window", limit(Algorithm::FixedWindow, 100, None)),
+            (
+                "sliding_window_log",
+                limit(Algorithm::SlidingWindowLog, 10, None),
+            ),
+        ] {
+            let l = Limit::new(l.algorithm(), l.limit(), 3600 * SECOND, None).unwrap();
+            for after in [0, 300_000_000, 3 * SECOND] {
+                let b = cluster_bytes_per_key(vec![l], &keys, nodes, after);
+                println!("nodes {nodes} {name} after {after}: {b:.0}");
+            }
+        }
+    }
+}

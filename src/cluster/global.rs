@@ -756,37 +756,32 @@ struct HoldRecord {
     claims: Vec<u64>,
 }
 
-/// Lookups of one key's slots in [`Counters`], reusing one [`SlotId`] (two allocations per
-/// key and limit instead of two per lookup).
+/// Lookups of one key's slots of one limit in [`Counters`].
 struct SlotReader<'a> {
     counters: &'a Counters,
-    id: std::cell::RefCell<SlotId>,
+    label: &'a str,
+    key: &'a str,
 }
 
 impl<'a> SlotReader<'a> {
-    fn new(counters: &'a Counters, label: &str, key: &str) -> SlotReader<'a> {
+    fn new(counters: &'a Counters, label: &'a str, key: &'a str) -> SlotReader<'a> {
         SlotReader {
             counters,
-            id: std::cell::RefCell::new(SlotId::new(label, key, 0)),
+            label,
+            key,
         }
     }
 
-    fn at<R>(&self, slot: u64, f: impl FnOnce(&Counters, &SlotId) -> R) -> R {
-        let mut id = self.id.borrow_mut();
-        id.slot = slot;
-        f(self.counters, &id)
-    }
-
     fn total(&self, slot: u64) -> u64 {
-        self.at(slot, |c, id| c.total(id))
+        self.counters.total_at(self.label, self.key, slot)
     }
 
     fn others(&self, slot: u64) -> u64 {
-        self.at(slot, |c, id| c.others(id))
+        self.counters.others_at(self.label, self.key, slot)
     }
 
     fn count(&self, slot: u64, actor: &Actor) -> u64 {
-        self.at(slot, |c, id| c.count(id, actor))
+        self.counters.count_at(self.label, self.key, slot, actor)
     }
 }
 
@@ -1861,10 +1856,9 @@ impl Global {
                     w.published_held = held.clone();
                     if k.counts_dirty {
                         for &(slot, count) in &w.own {
-                            let id = SlotId::new(l.label.as_str(), key, slot);
-                            let have = st.counters.own(&id);
+                            let have = st.counters.own_at(&l.label, key, slot);
                             if count > have {
-                                st.counters.add(id, count - have);
+                                st.counters.add_at(&l.label, key, slot, count - have);
                             }
                         }
                     }
@@ -2111,10 +2105,7 @@ impl Global {
                         continue;
                     }
                     let before = counters.refused();
-                    counters.apply(
-                        SlotId::new(l.label.clone(), report.key.clone(), slot),
-                        Dot::new(frame.from.clone(), count),
-                    );
+                    counters.apply_at(&l.label, &report.key, slot, &frame.from, count);
                     stats.own_dots_refused += counters.refused() - before;
                 }
                 // Room held: at most the limit, in the current or the next slot (a closed
@@ -2573,7 +2564,6 @@ impl Global {
                 }
             }
         }
-        st.counters.clear_changes();
         st.instant = Some(n);
         // Counted once every key is allotted: a check paused for its lease looks again now.
         self.instants.fetch_add(1, Ordering::Release);
@@ -2633,8 +2623,7 @@ impl Global {
                         } else {
                             c.div_ceil(members)
                         };
-                        let id = SlotId::new(l.label.as_str(), key, x);
-                        let known = counters.count(&id, &old.actor);
+                        let known = counters.count_at(&l.label, key, x, &old.actor);
                         // A sparse key's last check may fall between its frames: one unit
                         // more where it held room, by its last frame or by the record's
                         // instant (a grant there reaches no frame of its holder's before the
@@ -2646,7 +2635,7 @@ impl Global {
                             .saturating_mul(2 * rounds)
                             .saturating_add(u64::from(had_room));
                         let ghost = held.min(known.saturating_add(unpublished));
-                        if ghost > known && counters.apply(id, Dot::new(old.actor.clone(), ghost)) {
+                        if ghost > known && counters.apply_at(&l.label, key, x, &old.actor, ghost) {
                             charged = true;
                         }
                     }

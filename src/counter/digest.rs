@@ -26,7 +26,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use super::{Counters, Delta, Slot, SlotId};
+use crdts::Dot;
+
+use super::{Actor, Counters, Delta, Slot, SlotId};
 
 /// How many slots a digest bucket covers on average, when below [`MAX_DIGEST_BUCKETS`].
 pub const DIGEST_SLOTS_PER_BUCKET: usize = 8;
@@ -58,8 +60,9 @@ impl Counters {
     /// every slot: meant for a periodic anti-entropy round, not the check path.
     pub fn digest(&self) -> Digest {
         let mut by_rule: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
-        for (id, slot) in &self.slots {
-            by_rule.entry(&id.rule).or_default().push(hashes(id, slot));
+        for slot in &self.slots {
+            let rule = self.rules[slot.rule as usize].0.as_str();
+            by_rule.entry(rule).or_default().push(self.hashes(slot));
         }
         let rules = by_rule
             .into_iter()
@@ -100,22 +103,24 @@ impl Counters {
         // Our sums at their resolution, and each slot's bucket (None: rule unknown to them).
         let mut ours: HashMap<&str, Vec<u64>> = HashMap::new();
         let mut slots = Vec::with_capacity(self.slots.len());
-        for (id, slot) in &self.slots {
-            let at = theirs.get(id.rule.as_str()).map(|their| {
-                let (id_hash, fingerprint) = hashes(id, slot);
+        for slot in &self.slots {
+            let rule = self.rules[slot.rule as usize].0.as_str();
+            let at = theirs.get(rule).map(|their| {
+                let (id_hash, fingerprint) = self.hashes(slot);
                 let i = bucket(id_hash, their.len());
-                let sums = ours.entry(&id.rule).or_insert_with(|| vec![0; their.len()]);
+                let sums = ours.entry(rule).or_insert_with(|| vec![0; their.len()]);
                 sums[i] = sums[i].wrapping_add(fingerprint);
                 i
             });
-            slots.push((id, slot, at));
+            slots.push((rule, slot, at));
         }
         let mut repair: Vec<Delta> = slots
             .into_iter()
-            .filter(|(id, _, at)| {
-                at.is_none_or(|i| ours[id.rule.as_str()][i] != theirs[id.rule.as_str()][i])
+            .filter(|(rule, _, at)| at.is_none_or(|i| ours[rule][i] != theirs[rule][i]))
+            .map(|(rule, slot, _)| {
+                let id = SlotId::new(rule, &*slot.key, slot.slot);
+                (id, self.dots(slot))
             })
-            .map(|(id, slot, _)| (id.clone(), slot.dots()))
             .collect();
         repair.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         repair
@@ -128,20 +133,39 @@ fn bucket(id_hash: u64, n: usize) -> usize {
     (id_hash % n as u64) as usize
 }
 
-/// A slot's (id hash, fingerprint): the first places it in a bucket, the second covers the
-/// id and every (actor, count) pair.
-fn hashes(id: &SlotId, slot: &Slot) -> (u64, u64) {
-    let mut h = StableHasher::new();
-    h.str(&id.rule);
-    h.str(&id.key);
-    h.u64(id.slot);
-    let id_hash = h.finish();
-    for dot in slot.counts.iter() {
-        h.str(&dot.actor.node);
-        h.u64(dot.actor.generation);
-        h.u64(dot.counter);
+impl Counters {
+    /// Every dot of `slot`, in actor order (as a `VClock` iterates them).
+    fn dots(&self, slot: &Slot) -> Vec<Dot<Actor>> {
+        let mut dots: Vec<Dot<Actor>> = slot
+            .counts
+            .iter()
+            .map(|(ix, n)| Dot::new(self.actor(ix).clone(), n))
+            .collect();
+        dots.sort_unstable_by(|a, b| a.actor.cmp(&b.actor));
+        dots
     }
-    (id_hash, h.finish())
+
+    /// A slot's (id hash, fingerprint): the first places it in a bucket, the second covers
+    /// the id and every (actor, count) pair, in actor order.
+    fn hashes(&self, slot: &Slot) -> (u64, u64) {
+        let mut h = StableHasher::new();
+        h.str(&self.rules[slot.rule as usize].0);
+        h.str(&slot.key);
+        h.u64(slot.slot);
+        let id_hash = h.finish();
+        let mut counts: Vec<(&Actor, u64)> = slot
+            .counts
+            .iter()
+            .map(|(ix, n)| (self.actor(ix), n))
+            .collect();
+        counts.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        for (actor, n) in counts {
+            h.str(&actor.node);
+            h.u64(actor.generation);
+            h.u64(n);
+        }
+        (id_hash, h.finish())
+    }
 }
 
 /// FNV-1a (64-bit) over a fixed layout, finished with a SplitMix64 mix so that the low bits

@@ -21,28 +21,31 @@
 //! their slot is forgotten ([`Counters::forget_before`]). Admissions a node made but had not
 //! yet sent when it crashed are lost with it (at most one gossip round of its own counts).
 //!
-//! # Why not `crdts::Map` or `crdts::GCounter`
+//! # Why not `crdts::Map`, `crdts::GCounter` or `crdts::VClock`
 //! `crdts::Map` needs each actor's ops in causal order (an out-of-order apply silently loses
 //! the earlier op) and its merge validation is quadratic; a plain map of slot → counter with
-//! dot deltas has neither problem. Each slot's counter is a [`crdts::VClock`], which is the
-//! whole state of a `crdts::GCounter` (a `GCounter` is a `VClock` inside): `GCounter` hides
-//! the per-actor counts that [`Counters::own`], deltas and digests need, reads only as a heap
-//! `BigUint`, and its `inc_many` overflows instead of saturating. The dot and the per-actor
-//! maximum (`VClock::apply`) are the same.
+//! dot deltas has neither problem. A slot's counter holds what a `crdts::VClock` (the state of
+//! a `crdts::GCounter`) holds, one count per actor merged by per-actor maximum, and dots are
+//! `crdts::Dot`s. It is not stored as a `VClock`: that is a `BTreeMap` of cloned actors, about
+//! 600 bytes for a slot one actor counts in, and a node holds a slot per active key. Here
+//! actors are interned once per [`Counters`] and a slot keeps `(actor index, count)` pairs,
+//! the first inline.
 //!
 //! # Cost
 //! The check path ([`Counters::total`], [`Counters::own`]) is a hash lookup and a `u64` read:
-//! totals are kept up to date, saturating at `u64::MAX`, whenever a count changes.
+//! totals are kept up to date, saturating at `u64::MAX`, whenever a count changes. The `_at`
+//! forms look a slot up by borrowed rule, key and slot number, allocating nothing. A slot
+//! costs its table entry (64 bytes), its key's bytes, and 16 bytes per actor past the first.
 
 mod digest;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-use std::mem;
+use std::hash::BuildHasher;
 
-use crdts::{CmRDT, Dot, VClock};
+use crdts::Dot;
+use hashbrown::HashTable;
 use serde::{Deserialize, Serialize};
 
 pub(crate) use digest::StableHasher;
@@ -97,63 +100,99 @@ impl SlotId {
     }
 }
 
-/// A slot with the latest dot of some of its actors: the unit of every delta and repair.
-/// Applying it ([`Counters::apply_all`]) is idempotent and may happen in any order.
+/// A slot with the latest dot of some of its actors: the unit of every repair. Applying it
+/// ([`Counters::apply_all`]) is idempotent and may happen in any order.
 pub type Delta = (SlotId, Vec<Dot<Actor>>);
 
-/// One slot's counter.
-#[derive(Clone, Debug, Default)]
+/// An interned actor: its index in [`Counters::actors`].
+type ActorIx = u32;
+
+/// This node's own actor's index.
+const ME: ActorIx = 0;
+
+/// One slot's per-actor counts (the state of a `GCounter`): nearly every slot is counted in
+/// by one actor, so the first pair is inline and only the others take an allocation.
+#[derive(Clone, Debug)]
+struct Counts {
+    first: (ActorIx, u64),
+    rest: Vec<(ActorIx, u64)>,
+}
+
+impl Counts {
+    fn get(&self, actor: ActorIx) -> u64 {
+        if self.first.0 == actor {
+            return self.first.1;
+        }
+        self.rest
+            .iter()
+            .find(|(a, _)| *a == actor)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (ActorIx, u64)> + '_ {
+        std::iter::once(self.first).chain(self.rest.iter().copied())
+    }
+}
+
+/// One slot's counter, keyed by (rule index, key, slot).
+#[derive(Clone, Debug)]
 struct Slot {
-    /// Each actor's count in this slot (the state of a `GCounter`).
-    counts: VClock<Actor>,
-    /// The sum of `counts`, saturating: what the check path reads, kept current on every
-    /// change so a check never sums or touches a big integer.
+    key: Box<str>,
+    slot: u64,
+    /// The sum of the counts, saturating: what the check path reads, kept current on every
+    /// change so a check never sums.
     total: u64,
-    /// Actors whose count changed since the last [`Counters::take_deltas`]. Non-empty exactly
-    /// when the slot is queued in [`Counters::dirty`]. A handful of actors at most, so a
-    /// vector beats a set.
-    changed: Vec<Actor>,
+    rule: u32,
+    counts: Counts,
 }
 
 impl Slot {
-    /// Raises `dot.actor`'s count to `dot.counter` if that is higher. Returns whether the
-    /// count changed.
-    fn raise(&mut self, dot: Dot<Actor>) -> bool {
-        let old = self.counts.get(&dot.actor);
-        if dot.counter <= old {
-            return false;
+    /// Raises `actor`'s count to `count` if that is higher. Returns the count it had and
+    /// whether it was new to the slot.
+    fn raise(&mut self, actor: ActorIx, count: u64) -> Option<(u64, bool)> {
+        let had = if self.counts.first.0 == actor {
+            &mut self.counts.first.1
+        } else if let Some(pair) = self.counts.rest.iter_mut().find(|(a, _)| *a == actor) {
+            &mut pair.1
+        } else {
+            self.counts.rest.push((actor, count));
+            self.total = self.total.saturating_add(count);
+            return Some((0, true));
+        };
+        let old = *had;
+        if count <= old {
+            return None;
         }
+        *had = count;
         // Counts only grow, so adding the increase keeps `total` = min(sum, u64::MAX).
-        self.total = self.total.saturating_add(dot.counter - old);
-        if !self.changed.contains(&dot.actor) {
-            self.changed.push(dot.actor.clone());
-        }
-        self.counts.apply(dot);
-        true
+        self.total = self.total.saturating_add(count - old);
+        Some((old, false))
     }
+}
 
-    /// The latest dot of every actor.
-    fn dots(&self) -> Vec<Dot<Actor>> {
-        self.counts
-            .iter()
-            .map(|d| Dot::new(d.actor.clone(), d.counter))
-            .collect()
-    }
+/// An interned actor and how many slots count it.
+#[derive(Debug)]
+struct Interned {
+    actor: Actor,
+    /// Slots with a count of this actor; at 0 the index is free for another actor (never
+    /// for [`ME`]).
+    slots: u64,
 }
 
 /// This node's view of every global counter: its own counts exactly, its peers' as far as
 /// their dots have arrived.
 #[derive(Debug)]
 pub struct Counters {
-    /// This node's actor: the only one [`Counters::add`] counts for.
-    me: Actor,
-    slots: HashMap<SlotId, Slot, foldhash::fast::RandomState>,
-    /// Slots with changes not yet handed out by [`Counters::take_deltas`], in the order they
-    /// first changed. May name a slot that was forgotten since; those are skipped.
-    dirty: Vec<SlotId>,
-    /// Per rule, the oldest slot still kept: dots for older slots are ignored, so a lagging
-    /// peer cannot bring back a window that was already forgotten.
-    floors: HashMap<String, u64, foldhash::fast::RandomState>,
+    /// Every actor some slot counts, by index; [`ME`] is this node's incarnation, the only
+    /// one [`Counters::add`] counts for. A freed index is `None` until reused.
+    actors: Vec<Option<Interned>>,
+    actor_ix: HashMap<Actor, ActorIx, foldhash::fast::RandomState>,
+    free_actors: Vec<ActorIx>,
+    /// Every rule label seen, by index, with its floor: the oldest slot still kept (dots for
+    /// older slots are ignored, so a lagging peer cannot bring back a forgotten window).
+    rules: Vec<(String, Option<u64>)>,
+    slots: HashTable<Slot>,
+    hasher: foldhash::fast::RandomState,
     /// Dots from peers that claimed this node's own actor, refused (only this node knows its
     /// own count; a higher claim is a bug or an attack).
     refused: u64,
@@ -162,58 +201,86 @@ pub struct Counters {
 impl Counters {
     /// Empty counters for the node incarnation `me`.
     pub fn new(me: Actor) -> Counters {
+        let mut actor_ix = HashMap::default();
+        actor_ix.insert(me.clone(), ME);
         Counters {
-            me,
-            slots: HashMap::default(),
-            dirty: Vec::new(),
-            floors: HashMap::default(),
+            actors: vec![Some(Interned {
+                actor: me,
+                slots: 0,
+            })],
+            actor_ix,
+            free_actors: Vec::new(),
+            rules: Vec::new(),
+            slots: HashTable::new(),
+            hasher: foldhash::fast::RandomState::default(),
             refused: 0,
         }
     }
 
     /// The actor this node counts as.
     pub fn me(&self) -> &Actor {
-        &self.me
+        self.actor(ME)
+    }
+
+    fn actor(&self, ix: ActorIx) -> &Actor {
+        match &self.actors[ix as usize] {
+            Some(i) => &i.actor,
+            None => unreachable!("a slot names only interned actors"),
+        }
     }
 
     /// Counts `n` admissions of this node in `slot` and returns the dot that tells peers so
     /// (this node's new absolute count there). Own counts saturate at `u64::MAX`.
+    pub fn add(&mut self, slot: SlotId, n: u64) -> Dot<Actor> {
+        let count = self.add_at(&slot.rule, &slot.key, slot.slot, n);
+        Dot::new(self.me().clone(), count)
+    }
+
+    /// [`Counters::add`] by borrowed slot id; returns this node's new count there.
     ///
     /// Counts even in a slot older than the rule's floor ([`Counters::forget_before`]): the
     /// caller only adds to current slots, and peers that forgot the slot ignore the dot.
-    pub fn add(&mut self, slot: SlotId, n: u64) -> Dot<Actor> {
-        // Not `GCounter::inc_many`, which adds without saturating.
-        let dot = Dot::new(self.me.clone(), self.own(&slot).saturating_add(n));
-        self.merge(slot, [dot.clone()]);
-        dot
+    pub fn add_at(&mut self, rule: &str, key: &str, slot: u64, n: u64) -> u64 {
+        let count = self.own_at(rule, key, slot).saturating_add(n);
+        self.merge(rule, key, slot, ME, count);
+        count
     }
 
     /// Merges a peer's `dot` for `slot`: `dot.actor`'s count becomes the larger of ours and
     /// the dot's. Returns whether anything changed. Never lowers a count; applying the same
-    /// dot again, or an older one, changes nothing. A changed slot is relayed by the next
-    /// [`Counters::take_deltas`]. Dots for slots older than the rule's floor
+    /// dot again, or an older one, changes nothing. Dots for slots older than the rule's floor
     /// ([`Counters::forget_before`]) are ignored, and so are zero counts.
     ///
     /// A dot for this node's own actor is refused and counted ([`Counters::refused`]): only
     /// this node raises its own count.
     pub fn apply(&mut self, slot: SlotId, dot: Dot<Actor>) -> bool {
-        if dot.actor == self.me {
+        self.apply_at(&slot.rule, &slot.key, slot.slot, &dot.actor, dot.counter)
+    }
+
+    /// [`Counters::apply`] by borrowed slot id and dot.
+    pub fn apply_at(&mut self, rule: &str, key: &str, slot: u64, actor: &Actor, n: u64) -> bool {
+        if actor == self.me() {
             self.refused += 1;
             return false;
         }
-        !self.is_forgotten(&slot) && self.merge(slot, [dot]) > 0
+        if n == 0 || self.is_forgotten(rule, slot) {
+            return false;
+        }
+        let ix = self.intern(actor);
+        let raised = self.merge(rule, key, slot, ix, n);
+        self.release_if_unused(ix);
+        raised
     }
 
-    /// Applies every dot of every delta, as [`Counters::apply`] does one (with one lookup per
-    /// slot). Returns how many dots changed a count.
+    /// Applies every dot of every delta, as [`Counters::apply`] does one. Returns how many
+    /// dots changed a count.
     pub fn apply_all(&mut self, deltas: impl IntoIterator<Item = Delta>) -> usize {
         let mut changed = 0;
-        for (slot, mut dots) in deltas {
-            let before = dots.len();
-            dots.retain(|d| d.actor != self.me);
-            self.refused += (before - dots.len()) as u64;
-            if !self.is_forgotten(&slot) {
-                changed += self.merge(slot, dots);
+        for (slot, dots) in deltas {
+            for dot in dots {
+                let raised =
+                    self.apply_at(&slot.rule, &slot.key, slot.slot, &dot.actor, dot.counter);
+                changed += usize::from(raised);
             }
         }
         changed
@@ -228,100 +295,77 @@ impl Counters {
     /// latest count it has from every other actor, saturating at `u64::MAX`. 0 for an unknown
     /// slot.
     pub fn total(&self, slot: &SlotId) -> u64 {
-        self.slots.get(slot).map_or(0, |s| s.total)
+        self.total_at(&slot.rule, &slot.key, slot.slot)
+    }
+
+    /// [`Counters::total`] by borrowed slot id.
+    pub fn total_at(&self, rule: &str, key: &str, slot: u64) -> u64 {
+        self.find(rule, key, slot).map_or(0, |s| s.total)
     }
 
     /// This node's own count in `slot` (exact: only this node raises it).
     pub fn own(&self, slot: &SlotId) -> u64 {
-        self.slots.get(slot).map_or(0, |s| s.counts.get(&self.me))
+        self.own_at(&slot.rule, &slot.key, slot.slot)
+    }
+
+    /// [`Counters::own`] by borrowed slot id.
+    pub fn own_at(&self, rule: &str, key: &str, slot: u64) -> u64 {
+        self.find(rule, key, slot).map_or(0, |s| s.counts.get(ME))
     }
 
     /// `actor`'s count in `slot` as far as this node knows (0 if unknown).
     pub fn count(&self, slot: &SlotId, actor: &Actor) -> u64 {
-        self.slots.get(slot).map_or(0, |s| s.counts.get(actor))
+        self.count_at(&slot.rule, &slot.key, slot.slot, actor)
     }
 
-    /// Forgets the record of which slots changed, for callers that never take deltas.
-    pub fn clear_changes(&mut self) {
-        for id in mem::take(&mut self.dirty) {
-            if let Some(state) = self.slots.get_mut(&id) {
-                state.changed.clear();
-            }
-        }
+    /// [`Counters::count`] by borrowed slot id.
+    pub fn count_at(&self, rule: &str, key: &str, slot: u64, actor: &Actor) -> u64 {
+        let Some(&ix) = self.actor_ix.get(actor) else {
+            return 0;
+        };
+        self.find(rule, key, slot).map_or(0, |s| s.counts.get(ix))
     }
 
     /// Everyone else's count in `slot`: [`Counters::total`] less [`Counters::own`] (so also
     /// saturated when the total is).
     pub fn others(&self, slot: &SlotId) -> u64 {
-        self.slots
-            .get(slot)
-            .map_or(0, |s| s.total.saturating_sub(s.counts.get(&self.me)))
+        self.others_at(&slot.rule, &slot.key, slot.slot)
     }
 
-    /// For every slot that changed since the last call — by this node's own adds and by
-    /// dots applied from peers, so deltas are relayed — the latest dot of each actor that
-    /// changed there. Clears the record of changes.
-    ///
-    /// A peer that applies the result sees each of those slots at least as new as this node
-    /// does now. Slots come in the order they first changed.
-    pub fn take_deltas(&mut self) -> Vec<Delta> {
-        let mut deltas = Vec::with_capacity(self.dirty.len());
-        for id in mem::take(&mut self.dirty) {
-            let Some(state) = self.slots.get_mut(&id) else {
-                continue; // forgotten since it changed
-            };
-            if state.changed.is_empty() {
-                continue; // queued twice (forgotten and re-created)
-            }
-            let dots = mem::take(&mut state.changed)
-                .into_iter()
-                .map(|actor| {
-                    let counter = state.counts.get(&actor);
-                    Dot::new(actor, counter)
-                })
-                .collect();
-            deltas.push((id, dots));
-        }
-        deltas
-    }
-
-    /// Like [`Counters::take_deltas`], but only this node's own dots: what a full mesh sends,
-    /// where every peer hears every node directly and relaying would multiply the traffic by
-    /// the number of nodes. Peers' changes are cleared without being handed out.
-    pub fn take_own_deltas(&mut self) -> Vec<Delta> {
-        let mut deltas = Vec::new();
-        for id in mem::take(&mut self.dirty) {
-            let Some(state) = self.slots.get_mut(&id) else {
-                continue;
-            };
-            let changed = mem::take(&mut state.changed);
-            if changed.contains(&self.me) {
-                let counter = state.counts.get(&self.me);
-                deltas.push((id, vec![Dot::new(self.me.clone(), counter)]));
-            }
-        }
-        deltas
+    /// [`Counters::others`] by borrowed slot id.
+    pub fn others_at(&self, rule: &str, key: &str, slot: u64) -> u64 {
+        self.find(rule, key, slot)
+            .map_or(0, |s| s.total.saturating_sub(s.counts.get(ME)))
     }
 
     /// Forgets every slot of `rule` older than `slot` (windows that can no longer affect a
     /// decision), and from then on ignores dots for them. Returns how many slots went.
     /// Scans all slots: meant for a periodic sweep, not the check path.
     pub fn forget_before(&mut self, rule: &str, slot: u64) -> usize {
-        match self.floors.get_mut(rule) {
-            Some(floor) => *floor = (*floor).max(slot),
-            None => {
-                self.floors.insert(rule.to_owned(), slot);
-            }
-        }
+        let ri = self.rule_ix(rule);
+        let floor = &mut self.rules[ri as usize].1;
+        *floor = Some(floor.map_or(slot, |f| f.max(slot)));
         let before = self.slots.len();
-        self.slots
-            .retain(|id, _| id.rule != rule || id.slot >= slot);
-        let gone = before - self.slots.len();
-        if gone > 0 {
-            let slots = &self.slots;
-            self.dirty.retain(|id| slots.contains_key(id));
+        let actors = &mut self.actors;
+        let mut freed = Vec::new();
+        self.slots.retain(|s| {
+            if s.rule != ri || s.slot >= slot {
+                return true;
+            }
+            for (ix, _) in s.counts.iter() {
+                if let Some(i) = &mut actors[ix as usize] {
+                    i.slots -= 1;
+                    if i.slots == 0 && ix != ME {
+                        freed.push(ix);
+                    }
+                }
+            }
+            false
+        });
+        for ix in freed {
+            self.release_if_unused(ix);
         }
-        gone
+        before - self.slots.len()
     }
 
     /// Slots held.
@@ -334,33 +378,116 @@ impl Counters {
         self.slots.is_empty()
     }
 
-    /// Whether `slot` is older than what its rule keeps.
-    fn is_forgotten(&self, slot: &SlotId) -> bool {
-        self.floors.get(&slot.rule).is_some_and(|&f| slot.slot < f)
+    /// Actors interned: this node's and every other one some slot counts.
+    pub fn actors(&self) -> usize {
+        self.actor_ix.len()
     }
 
-    /// Raises counts in `slot` to `dots` (per-actor maximum), creating the slot only if a
-    /// count changes and queueing it for the next deltas. Returns how many dots raised a count.
-    fn merge(&mut self, slot: SlotId, dots: impl IntoIterator<Item = Dot<Actor>>) -> usize {
-        match self.slots.entry(slot) {
-            Entry::Occupied(mut entry) => {
-                let state = entry.get_mut();
-                let was_clean = state.changed.is_empty();
-                let raised = dots.into_iter().map(|d| usize::from(state.raise(d))).sum();
-                if was_clean && raised > 0 {
-                    self.dirty.push(entry.key().clone());
-                }
-                raised
-            }
-            Entry::Vacant(entry) => {
-                let mut state = Slot::default();
-                let raised = dots.into_iter().map(|d| usize::from(state.raise(d))).sum();
-                if raised > 0 {
-                    self.dirty.push(entry.key().clone());
-                    entry.insert(state);
-                }
-                raised
-            }
+    /// Whether `slot` of `rule` is older than what the rule keeps.
+    fn is_forgotten(&self, rule: &str, slot: u64) -> bool {
+        self.rules
+            .iter()
+            .find(|(r, _)| r == rule)
+            .and_then(|(_, floor)| *floor)
+            .is_some_and(|f| slot < f)
+    }
+
+    /// The index of `rule`, interning it on first sight. Rules are few (the caller's limit
+    /// labels), so a scan beats a map.
+    fn rule_ix(&mut self, rule: &str) -> u32 {
+        if let Some(i) = self.rules.iter().position(|(r, _)| r == rule) {
+            return i as u32;
         }
+        self.rules.push((rule.to_owned(), None));
+        (self.rules.len() - 1) as u32
+    }
+
+    fn hash(&self, rule: u32, key: &str, slot: u64) -> u64 {
+        self.hasher.hash_one((rule, key, slot))
+    }
+
+    fn find(&self, rule: &str, key: &str, slot: u64) -> Option<&Slot> {
+        let ri = self.rules.iter().position(|(r, _)| r == rule)? as u32;
+        let hash = self.hash(ri, key, slot);
+        self.slots
+            .find(hash, |s| s.rule == ri && s.slot == slot && *s.key == *key)
+    }
+
+    /// The index of `actor`, interning it (with no slots yet) if new.
+    fn intern(&mut self, actor: &Actor) -> ActorIx {
+        if let Some(&ix) = self.actor_ix.get(actor) {
+            return ix;
+        }
+        let entry = Some(Interned {
+            actor: actor.clone(),
+            slots: 0,
+        });
+        let ix = match self.free_actors.pop() {
+            Some(ix) => {
+                self.actors[ix as usize] = entry;
+                ix
+            }
+            None => {
+                self.actors.push(entry);
+                ActorIx::try_from(self.actors.len() - 1).expect("fewer than 2^32 actors")
+            }
+        };
+        self.actor_ix.insert(actor.clone(), ix);
+        ix
+    }
+
+    /// Frees `ix` for reuse if no slot counts it (never [`ME`]).
+    fn release_if_unused(&mut self, ix: ActorIx) {
+        if ix == ME {
+            return;
+        }
+        if let Some(i) = &self.actors[ix as usize]
+            && i.slots == 0
+        {
+            self.actor_ix.remove(&i.actor);
+            self.actors[ix as usize] = None;
+            self.free_actors.push(ix);
+        }
+    }
+
+    /// Raises `actor`'s count in `slot` to `count` (per-actor maximum), creating the slot
+    /// only if `count` is above 0. Returns whether the count rose.
+    fn merge(&mut self, rule: &str, key: &str, slot: u64, actor: ActorIx, count: u64) -> bool {
+        if count == 0 {
+            return false;
+        }
+        let ri = self.rule_ix(rule);
+        let hash = self.hash(ri, key, slot);
+        let found = self
+            .slots
+            .find_mut(hash, |s| s.rule == ri && s.slot == slot && *s.key == *key);
+        let new_actor = match found {
+            Some(s) => match s.raise(actor, count) {
+                None => return false,
+                Some((_, new_actor)) => new_actor,
+            },
+            None => {
+                let hasher = &self.hasher;
+                self.slots.insert_unique(
+                    hash,
+                    Slot {
+                        key: key.into(),
+                        slot,
+                        total: count,
+                        rule: ri,
+                        counts: Counts {
+                            first: (actor, count),
+                            rest: Vec::new(),
+                        },
+                    },
+                    |s| hasher.hash_one((s.rule, &*s.key, s.slot)),
+                );
+                true
+            }
+        };
+        if new_actor && let Some(i) = &mut self.actors[actor as usize] {
+            i.slots += 1;
+        }
+        true
     }
 }

@@ -43,7 +43,6 @@ fn adding_zero_reports_the_count_without_creating_a_slot() {
     let mut c = Counters::new(actor("a"));
     assert_eq!(c.add(slot("k", 0), 0), Dot::new(actor("a"), 0));
     assert!(c.is_empty());
-    assert!(c.take_deltas().is_empty());
 }
 
 #[test]
@@ -77,46 +76,63 @@ fn applying_a_zero_dot_creates_nothing() {
 }
 
 #[test]
-fn take_deltas_names_only_changed_actors_and_clears() {
+fn borrowed_lookups_agree_with_slot_ids() {
+    let mut c = Counters::new(actor("a"));
+    assert_eq!(c.add_at("api", "k", 0, 2), 2);
+    assert!(c.apply_at("api", "k", 0, &actor("b"), 5));
+    assert!(!c.apply_at("api", "k", 0, &actor("b"), 5), "duplicate");
+    assert_eq!(c.total_at("api", "k", 0), c.total(&slot("k", 0)));
+    assert_eq!(
+        (c.own_at("api", "k", 0), c.others_at("api", "k", 0)),
+        (2, 5)
+    );
+    assert_eq!(c.count_at("api", "k", 0, &actor("b")), 5);
+    assert_eq!(c.count_at("api", "k", 0, &actor("z")), 0, "unknown actor");
+    assert_eq!(c.total_at("nope", "k", 0), 0, "unknown rule");
+}
+
+#[test]
+fn an_actor_is_kept_while_a_slot_counts_it_and_freed_after() {
     let mut c = Counters::new(actor("a"));
     c.add(slot("k", 0), 1);
-    c.apply(slot("k", 0), Dot::new(actor("b"), 5));
-    c.add(slot("j", 0), 2);
-    let deltas = c.take_deltas();
+    assert!(!c.apply(slot("k", 0), Dot::new(actor("b"), 0)));
+    assert_eq!(c.actors(), 1, "a refused dot interns nothing");
+    c.apply(slot("k", 0), Dot::new(actor("b"), 3));
+    c.apply(slot("k", 5), Dot::new(actor("b"), 1));
+    c.apply(slot("k", 5), Dot::new(actor("c"), 1));
+    assert_eq!(c.actors(), 3);
+    c.forget_before("api", 1);
+    assert_eq!(c.actors(), 3, "b still counts in slot 5");
+    c.forget_before("api", 6);
     assert_eq!(
-        deltas,
-        vec![
-            (
-                slot("k", 0),
-                vec![Dot::new(actor("a"), 1), Dot::new(actor("b"), 5)]
-            ),
-            (slot("j", 0), vec![Dot::new(actor("a"), 2)]),
-        ]
+        (c.actors(), c.len()),
+        (1, 0),
+        "only this node's actor is left"
     );
-    assert!(c.take_deltas().is_empty());
-    c.apply(slot("k", 0), Dot::new(actor("b"), 6));
-    c.add(slot("k", 0), 1);
-    c.add(slot("k", 0), 1);
+    // A freed index is reused, and the counts stay apart.
+    c.apply(slot("k", 7), Dot::new(actor("d"), 4));
+    c.add(slot("k", 7), 1);
+    assert_eq!(c.actors(), 2);
     assert_eq!(
-        c.take_deltas(),
+        state(&c),
         vec![(
-            slot("k", 0),
-            vec![Dot::new(actor("b"), 6), Dot::new(actor("a"), 3)]
+            slot("k", 7),
+            vec![Dot::new(actor("a"), 1), Dot::new(actor("d"), 4)]
         )]
     );
 }
 
 #[test]
-fn deltas_relayed_through_a_peer_reach_a_third_replica() {
+fn counts_relayed_through_a_peer_reach_a_third_replica() {
     let (mut a, mut b, mut c) = (
         Counters::new(actor("a")),
         Counters::new(actor("b")),
         Counters::new(actor("c")),
     );
     a.add(slot("k", 0), 3);
-    b.apply_all(a.take_deltas());
+    b.apply_all(state(&a));
     b.add(slot("k", 0), 1);
-    c.apply_all(b.take_deltas());
+    c.apply_all(state(&b));
     assert_eq!(c.total(&slot("k", 0)), 4);
     assert_eq!(c.others(&slot("k", 0)), 4);
     assert_eq!(state(&c), state(&b));
@@ -129,8 +145,8 @@ fn counts_survive_a_crash_under_the_old_generation_and_restart_separately() {
     let mut b = Counters::new(actor("b"));
     a.add(slot("k", 0), 10);
     b.add(slot("k", 0), 5);
-    b.apply_all(a.take_deltas());
-    a.apply_all(b.take_deltas());
+    b.apply_all(state(&a));
+    a.apply_all(state(&b));
     // Admitted but never sent: lost with the crash.
     a.add(slot("k", 0), 2);
     drop(a);
@@ -140,7 +156,7 @@ fn counts_survive_a_crash_under_the_old_generation_and_restart_separately() {
     a.apply_all(b.repair_for(&a.digest()));
     assert_eq!((a.total(&slot("k", 0)), a.own(&slot("k", 0))), (15, 0));
     assert_eq!(a.add(slot("k", 0), 4), Dot::new(Actor::new("a", 2), 4));
-    b.apply_all(a.take_deltas());
+    b.apply_all(state(&a));
     for c in [&a, &b] {
         assert_eq!(
             c.total(&slot("k", 0)),
@@ -157,22 +173,21 @@ fn counts_survive_a_crash_under_the_old_generation_and_restart_separately() {
 fn replicas_that_missed_deltas_converge_after_digests_both_ways() {
     let mut a = Counters::new(actor("a"));
     let mut b = Counters::new(actor("b"));
+    let mut deltas = Vec::new();
     for i in 0..100 {
-        a.add(slot(&format!("k{i}"), 0), i + 1);
+        let id = slot(&format!("k{i}"), 0);
+        deltas.push((id.clone(), vec![a.add(id, i + 1)]));
         if i % 3 == 0 {
             b.add(slot(&format!("k{i}"), 0), 1);
         }
         b.add(SlotId::new("other", format!("k{i}"), 7), 2);
     }
-    // Only some of a's deltas got through.
-    let deltas = a.take_deltas();
+    // Only some of a's deltas got through, and none of b's.
     b.apply_all(deltas.into_iter().step_by(4));
-    b.take_deltas(); // lost
     // Later counts in slots b already has: b is behind there, with the same actors.
     for i in 0..10 {
         a.add(slot(&format!("k{i}"), 0), 1);
     }
-    a.take_deltas(); // lost
     assert_ne!(state(&a), state(&b));
 
     anti_entropy(&mut a, &mut b);
@@ -191,9 +206,8 @@ fn anti_entropy_repairs_a_slot_that_is_only_behind_on_a_count() {
         a.add(slot(&format!("k{i}"), 0), 1);
     }
     let mut b = Counters::new(actor("b"));
-    b.apply_all(a.take_deltas());
+    b.apply_all(state(&a));
     a.add(slot("k42", 0), 1);
-    a.take_deltas(); // lost
     let repair = a.repair_for(&b.digest());
     assert!(repair.iter().any(|(id, _)| id == &slot("k42", 0)));
     assert!(
@@ -270,9 +284,9 @@ fn forget_before_drops_only_older_slots_of_that_rule() {
     assert_eq!(c.len(), 7);
     assert_eq!((c.total(&slot("k", 2)), c.total(&slot("k", 3))), (0, 1));
     assert_eq!(c.total(&SlotId::new("other", "k", 0)), 1);
-    // Forgotten slots leave the deltas, and a late dot cannot bring them back.
+    // Forgotten slots leave the state, and a late dot cannot bring them back.
     assert!(
-        c.take_deltas()
+        state(&c)
             .iter()
             .all(|(id, _)| id.rule != "api" || id.slot >= 3)
     );
@@ -306,8 +320,8 @@ fn ops() -> impl Strategy<Value = Vec<(usize, u64, u64)>> {
     proptest::collection::vec((0usize..3, 0u64..3, 1u64..50), 1..60)
 }
 
-/// Runs `ops` on three replicas, each counting only its own admissions, and returns every
-/// delta each produced (taken after every op, as gossip rounds would) and the true totals.
+/// Runs `ops` on three replicas, each counting only its own admissions, and returns the
+/// delta each op produced (the dot `add` returns) and the true totals.
 fn run(ops: &[(usize, u64, u64)]) -> (Vec<Delta>, [u64; 3]) {
     let mut replicas: Vec<Counters> = ["a", "b", "c"]
         .iter()
@@ -316,8 +330,8 @@ fn run(ops: &[(usize, u64, u64)]) -> (Vec<Delta>, [u64; 3]) {
     let mut deltas = Vec::new();
     let mut totals = [0; 3];
     for &(who, s, n) in ops {
-        replicas[who].add(slot("k", s), n);
-        deltas.extend(replicas[who].take_deltas());
+        let dot = replicas[who].add(slot("k", s), n);
+        deltas.push((slot("k", s), vec![dot]));
         totals[s as usize] += n;
     }
     (deltas, totals)
@@ -386,26 +400,49 @@ proptest! {
         prop_assert_eq!(state(&again), state(&ab));
     }
 
-    /// What `take_deltas` hands out rebuilds the sender's totals on a fresh replica.
+    /// Counts with actors interned and freed (many actors, slots forgotten as time goes)
+    /// read exactly as a plain map of (slot, actor) to the largest count applied.
     #[test]
-    fn take_deltas_reproduce_totals_on_a_fresh_replica(
-        ops in ops(),
-        rounds in proptest::collection::vec(any::<bool>(), 0..60),
+    fn counters_read_as_a_plain_map_through_forgets(
+        ops in proptest::collection::vec((0usize..6, 0u64..8, 0u64..50, any::<bool>()), 1..150),
     ) {
-        let mut a = Counters::new(actor("a"));
-        let mut fresh = Counters::new(actor("f"));
-        for (i, &(who, s, n)) in ops.iter().enumerate() {
+        use std::collections::HashMap;
+        let actors: Vec<Actor> = (0..6).map(|i| Actor::new(format!("n{}", i % 3), i as u64 / 3)).collect();
+        let mut c = Counters::new(actors[0].clone());
+        let mut model: HashMap<(u64, Actor), u64> = HashMap::new();
+        let mut floor = 0;
+        for (who, s, n, forget) in ops {
+            if forget {
+                floor = floor.max(s);
+                c.forget_before("api", s);
+                model.retain(|(slot, _), _| *slot >= s);
+                continue;
+            }
             if who == 0 {
-                a.add(slot("k", s), n);
+                // Own counts are kept below the floor too (the caller adds only to current
+                // slots).
+                c.add(slot("k", s), n);
+                if n > 0 {
+                    *model.entry((s, actors[0].clone())).or_default() += n;
+                }
             } else {
-                a.apply(slot("k", s), Dot::new(actor(["a", "b", "c"][who]), n + i as u64));
+                c.apply(slot("k", s), Dot::new(actors[who].clone(), n));
+                if s >= floor && n > 0 {
+                    let m = model.entry((s, actors[who].clone())).or_default();
+                    *m = (*m).max(n);
+                }
             }
-            if rounds.get(i).copied().unwrap_or(false) {
-                fresh.apply_all(a.take_deltas());
+            for x in 0..8 {
+                let total: u64 = model.iter().filter(|((y, _), _)| *y == x).map(|(_, n)| n).sum();
+                prop_assert_eq!(c.total(&slot("k", x)), total);
+                for a in &actors {
+                    let want = model.get(&(x, a.clone())).copied().unwrap_or(0);
+                    prop_assert_eq!(c.count(&slot("k", x), a), want);
+                }
             }
+            let live: std::collections::HashSet<&Actor> = model.keys().map(|(_, a)| a).collect();
+            prop_assert_eq!(c.actors(), 1 + live.iter().filter(|a| ***a != actors[0]).count());
         }
-        fresh.apply_all(a.take_deltas());
-        prop_assert_eq!(state(&fresh), state(&a));
     }
 
     /// Two replicas that each missed some deltas converge after one exchange of digests
@@ -421,8 +458,9 @@ proptest! {
             let mut totals = std::collections::HashMap::new();
             let mut deltas = Vec::new();
             for &(who, s, n) in &ops {
-                replicas[who].add(slot(&format!("k{}", s % 7), s), n);
-                deltas.extend(replicas[who].take_deltas());
+                let id = slot(&format!("k{}", s % 7), s);
+                let dot = replicas[who].add(id.clone(), n);
+                deltas.push((id, vec![dot]));
                 *totals.entry(slot(&format!("k{}", s % 7), s)).or_insert(0) += n;
             }
             (deltas, totals)
@@ -455,25 +493,4 @@ fn peers_cannot_raise_this_nodes_own_count_through_a_batch() {
     assert_eq!(changed, 1);
     assert_eq!((c.own(&slot("k", 0)), c.total(&slot("k", 0))), (1, 3));
     assert_eq!(c.refused(), 1);
-}
-
-#[test]
-fn take_own_deltas_hands_out_only_this_nodes_dots_and_clears_the_rest() {
-    let mut c = Counters::new(actor("a"));
-    c.add(slot("k", 0), 2);
-    c.apply(slot("k", 0), Dot::new(actor("b"), 5));
-    c.apply(slot("j", 0), Dot::new(actor("b"), 1));
-    assert_eq!(
-        c.take_own_deltas(),
-        vec![(slot("k", 0), vec![Dot::new(actor("a"), 2)])]
-    );
-    assert!(
-        c.take_deltas().is_empty(),
-        "peers' changes are not relayed later"
-    );
-    c.add(slot("k", 0), 1);
-    assert_eq!(
-        c.take_own_deltas(),
-        vec![(slot("k", 0), vec![Dot::new(actor("a"), 3)])]
-    );
 }
