@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use crdts::Dot;
+use smallvec::SmallVec;
 
 use crate::counter::{Actor, Counters, SlotId, StableHasher};
 use crate::limiter::{
@@ -370,13 +371,13 @@ impl Grant {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct WState {
     /// This node's admissions per slot, oldest first (live: counted under the shard lock).
-    own: Vec<(u64, u64)>,
+    own: Pairs,
     /// Every other actor's count per slot (ghosts included), as of the last instant.
-    others: Vec<(u64, u64)>,
+    others: Pairs,
     /// Leases of the current slot and of the next one.
-    grants: Vec<Grant>,
+    grants: SmallVec<[Grant; 1]>,
     /// The room held as published at the last boundary, `(slot, units)`.
-    published_held: Vec<(u64, u64)>,
+    published_held: Pairs,
     /// What the last fully consistent instant allotted, for ghosts during a partition.
     hold: Option<Box<HoldRecord>>,
     /// The (current, next) slots the grants were computed for.
@@ -499,8 +500,8 @@ impl BState {
 
     /// The shares as the frame publishes them (none when both are the default), and what
     /// the bucket lacks of its capacity (none when full).
-    fn held_report(&self, default: u64) -> Vec<(u64, u64)> {
-        let mut report = Vec::new();
+    fn held_report(&self, default: u64) -> Pairs {
+        let mut report = Pairs::new();
         if self.share != default || self.burst != default {
             report.extend([(0, self.share), (1, self.burst)]);
         }
@@ -561,7 +562,11 @@ enum LState {
 /// What a frame says of one key: demand, and per limit what is held: for a windowed limit
 /// the room held, `(slot, units)` per slot; for a bucket limit `[(0, share)]` when the share
 /// held is not the default one over the participants, else nothing.
-type Summary = (u64, Vec<Vec<(u64, u64)>>);
+type Summary = (u64, SmallVec<[Pairs; 1]>);
+
+/// `(slot, units)` pairs: a key's counts or holdings per slot. Nearly always one (the
+/// current slot), kept inline then, in the space of a `Vec`'s header.
+type Pairs = SmallVec<[(u64, u64); 1]>;
 
 /// One key of a global rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -647,7 +652,7 @@ impl GKey {
             && self
                 .sent
                 .as_ref()
-                .is_none_or(|(d, h)| *d == 0 && h.iter().all(Vec::is_empty))
+                .is_none_or(|(d, h)| *d == 0 && h.iter().all(|h| h.is_empty()))
             && self.limits.iter().zip(&rule.limits).all(|(s, l)| match s {
                 LState::Window(w) => {
                     w.own.is_empty()
@@ -1810,7 +1815,7 @@ impl Global {
                 }
                 k.demand = smooth(k.demand, k.arrivals);
                 k.arrivals = 0;
-                let mut helds = Vec::with_capacity(r.limits.len());
+                let mut helds: SmallVec<[Pairs; 1]> = SmallVec::with_capacity(r.limits.len());
                 let mut gives_back = false;
                 for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
                     let w = match s {
@@ -1833,7 +1838,7 @@ impl Global {
                     w.own.retain(|(slot, _)| *slot >= oldest);
                     w.others.retain(|(slot, _)| *slot >= oldest);
                     w.grants.retain(|g| g.slot >= cur);
-                    let mut held = Vec::new();
+                    let mut held = Pairs::new();
                     for g in &mut w.grants {
                         // A starter runs on to the next instant, which charges it to this
                         // node (or ends it); it is no held room to publish.
@@ -1868,7 +1873,7 @@ impl Global {
                     .sent
                     .as_ref()
                     .is_some_and(|(d, h)| *d == k.demand && *h == helds);
-                let idle = k.demand == 0 && helds.iter().all(Vec::is_empty);
+                let idle = k.demand == 0 && helds.iter().all(|h| h.is_empty());
                 if gives_back || k.counts_dirty || !(same || (idle && k.sent.is_none())) {
                     k.changed_in = n;
                     k.inputs_changed = true;
@@ -1882,8 +1887,8 @@ impl Global {
                         .zip(&helds)
                         .map(|(s, held)| match s {
                             LState::Window(w) => LimitReport {
-                                counts: w.own.clone(),
-                                held: held.clone(),
+                                counts: w.own.to_vec(),
+                                held: held.to_vec(),
                                 ..LimitReport::default()
                             },
                             LState::Bucket(b) => LimitReport {
@@ -2060,7 +2065,7 @@ impl Global {
                 stats.reports_dropped += 1;
                 continue;
             }
-            let mut helds = Vec::with_capacity(rule.limits.len());
+            let mut helds: SmallVec<[Pairs; 1]> = SmallVec::with_capacity(rule.limits.len());
             let mut returned = Vec::new();
             let mut bad = false;
             for (li, (l, lr)) in rule.limits.iter().zip(&report.limits).enumerate() {
@@ -2081,7 +2086,7 @@ impl Global {
                         returned.resize(rule.limits.len(), 0);
                         returned[li] = lr.returned;
                     }
-                    let mut held = Vec::new();
+                    let mut held = Pairs::new();
                     if share_ok && (lr.share > 0 || lr.burst > 0) {
                         held.extend([(0, lr.share), (1, lr.burst)]);
                     }
@@ -2111,7 +2116,7 @@ impl Global {
                 // Room held: at most the limit, in the current or the next slot (a closed
                 // slot's holding is moot). None held is kept too: in a slot where the sender
                 // has a base, it says the base was given back.
-                let mut held = Vec::with_capacity(lr.held.len());
+                let mut held = Pairs::with_capacity(lr.held.len());
                 for &(slot, units) in &lr.held {
                     if slot > cur + 1 || units > l.limit.limit() {
                         bad = true;
@@ -2124,7 +2129,7 @@ impl Global {
             if bad {
                 stats.reports_dropped += 1;
             }
-            let idle = report.demand == 0 && helds.iter().all(Vec::is_empty);
+            let idle = report.demand == 0 && helds.iter().all(|h| h.is_empty());
             let active = !idle || report.limits.iter().any(|lr| !lr.counts.is_empty());
             if rule
                 .store
@@ -2730,7 +2735,7 @@ impl Global {
                 None => w.published_held.as_slice(),
                 Some(_) => reports[i]
                     .and_then(|(_, helds)| helds.get(li))
-                    .map_or(&[][..], Vec::as_slice),
+                    .map_or(&[][..], |h| h.as_slice()),
             })
             .collect();
         let explicit_in = |j: usize, x: u64| -> Option<u64> {

@@ -1916,3 +1916,17 @@ fn a_hot_key_busy_at_other_nodes_gets_its_share_of_the_room_every_round() {
         }
     }
 }
+
+#[test]
+fn tmp_sizes() {
+    println!(
+        "GKey {} LState {} WState {} BState {} Grant {} Summary {} HoldRecord {}",
+        size_of::<GKey>(),
+        size_of::<LState>(),
+        size_of::<WState>(),
+        size_of::<BState>(),
+        size_of::<Grant>(),
+        size_of::<Summary>(),
+        size_of::<HoldRecord>()
+    );
+}

@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# Memory per key, by algorithm, on a standalone node and on a one-node cluster, from the
+# release binary on loopback (the issue "Memory per global key: 2.25 kB on a clustered node
+# against 145 B standalone"):
+#
+#   bash benches/key_memory.sh
+#   NKEYS=1000000 ALGORITHMS="fixed_window token_bucket" MODES=cluster bash benches/key_memory.sh
+#
+# For each ALGORITHM and MODE a fresh node serves one rule `km` of that algorithm:
+# `standalone` is a node without gossip and the rule `scope = "local"`; `cluster` is
+# `gossamer serve --gossip 127.0.0.1:PORT+1` with no peers and the rule `scope = "global"`.
+# The rule keeps a key checked once non-fresh for the whole run, so nothing is evicted:
+# windows and the log 1000 per PERIOD (1h; a fixed window run is started after the window's
+# edge if it would cross it), buckets 1000 per 10 d (a token refills in 864 s). After a
+# warm-up of 2,000 keys, NKEYS new 12-byte keys ("key-00000000", ...) are each checked once by
+# a python3 client (CONNS keep-alive connections, one process each; wrk is not needed), then,
+# SETTLE seconds later (cluster rounds run), VmRSS growth is divided by the growth of
+# gossamer_active_keys{rule="km"}. Prints one markdown row per run (RSS growth includes the
+# allocator's slack and hash-table doubling, so it depends on where NKEYS falls against a
+# power of two), then cluster / standalone per algorithm.
+#
+# Environment: NKEYS (100000), ALGORITHMS (all five), MODES ("standalone cluster"), PORT
+# (17300: HTTP; PORT+1 gossip, PORT+2 QUIC, all checked free), CONNS (8), SETTLE (3),
+# PERIOD (1h).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NKEYS=${NKEYS:-100000}
+ALGORITHMS=${ALGORITHMS:-token_bucket leaky_bucket fixed_window sliding_window_log sliding_window_counter}
+MODES=${MODES:-standalone cluster}
+PORT=${PORT:-17300}
+CONNS=${CONNS:-8}
+SETTLE=${SETTLE:-3}
+PERIOD=${PERIOD:-1h}
+WORK=$(mktemp -d -t gossamer-key-memory.XXXXXX)
+PID=
+cleanup() {
+    if [[ -n $PID ]] && kill -0 "$PID" 2>/dev/null; then kill "$PID"; wait "$PID" || true; fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+cat >"$WORK/client.py" <<'PY'
+# client.py PORT RULE PREFIX COUNT CONNS: checks PREFIX%08d for 0..COUNT-1 once each.
+import collections, http.client, multiprocessing, sys, time
+port, rule, prefix, count, conns = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+def run(first):
+    c, seen = http.client.HTTPConnection("127.0.0.1", int(port), timeout=30), collections.Counter()
+    for k in range(first, count, conns):
+        body = '{"rule":"%s","key":"%s%08d"}' % (rule, prefix, k)
+        c.request("POST", "/v1/check", body, {"Content-Type": "application/json"})
+        r = c.getresponse(); r.read(); seen[r.status] += 1
+    return seen
+t0 = time.monotonic()
+with multiprocessing.Pool(conns) as pool:
+    seen = sum(pool.map(run, range(conns)), collections.Counter())
+secs = time.monotonic() - t0
+print("checks=%d non200=%d statuses=%s secs=%.1f rate=%.0f/s" % (sum(seen.values()),
+      sum(seen.values()) - seen[200], dict(seen), secs, sum(seen.values()) / secs))
+PY
+
+cargo build --release --locked --bin gossamer >&2
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+keys_held() {
+    curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "gossamer_active_keys{rule=\"km\"}" { print $2 }'
+}
+ports_free() {
+    local p
+    for p in "$PORT" $((PORT + 1)) $((PORT + 2)); do
+        [[ -z $(ss -Hltun "sport = :$p") ]] || return 1
+    done
+}
+start() {
+    for _ in $(seq 1 50); do ports_free && break; sleep 0.1; done
+    ports_free || { echo "ports $PORT-$((PORT + 2)) are in use: set PORT" >&2; exit 1; }
+    target/release/gossamer serve --config "$WORK/km.toml" --http "127.0.0.1:$PORT" --node-id km \
+        >"$WORK/log" 2>&1 &
+    PID=$!
+    for _ in $(seq 1 100); do
+        curl -sf -o /dev/null "http://127.0.0.1:$PORT/readyz" && return 0
+        sleep 0.1
+    done
+    echo "gossamer did not become ready:" >&2
+    cat "$WORK/log" >&2
+    exit 1
+}
+stop() { kill "$PID"; wait "$PID" || true; PID=; }
+seconds() { local n=${1%[smhd]}; case $1 in *m) n=$((n * 60)) ;; *h) n=$((n * 3600)) ;; *d) n=$((n * 86400)) ;; esac; echo "$n"; }
+
+declare -A GROWTH
+echo "| algorithm | mode | keys held | RSS before (KiB) | RSS after (KiB) | RSS growth per key (B) | non-200 |"
+echo "|---|---|---|---|---|---|---|"
+for alg in $ALGORITHMS; do
+    case $alg in
+        token_bucket | leaky_bucket) limits='limit = 1000
+period = "10d"
+burst = 1000' ;;
+        fixed_window | sliding_window_log | sliding_window_counter) limits="limit = 1000
+period = \"$PERIOD\"" ;;
+        *) echo "unknown algorithm $alg" >&2; exit 2 ;;
+    esac
+    for mode in $MODES; do
+        case $mode in
+            standalone) scope=local cluster= ;;
+            cluster) scope=global cluster="[cluster]
+gossip = \"127.0.0.1:$((PORT + 1))\"" ;;
+            *) echo "unknown mode $mode" >&2; exit 2 ;;
+        esac
+        cat >"$WORK/km.toml" <<TOML
+[server]
+max_keys = $((NKEYS + 10000))
+shutdown_grace = "1s"
+$cluster
+[[rule]]
+name = "km"
+algorithm = "$alg"
+$limits
+scope = "$scope"
+TOML
+        if [[ $alg == fixed_window ]]; then # a window edge in the run would make every key fresh
+            p=$(seconds "$PERIOD") need=$((NKEYS / 2000 + SETTLE + 20))
+            left=$((p - $(date +%s) % p))
+            if ((left < need)); then echo "waiting ${left}s for the window edge" >&2; sleep $((left + 1)); fi
+        fi
+        start
+        python3 "$WORK/client.py" "$PORT" km wrm- 2000 "$CONNS" >/dev/null
+        sleep 1
+        before=$(rss_kib "$PID") keys0=$(keys_held)
+        result=$(python3 "$WORK/client.py" "$PORT" km key- "$NKEYS" "$CONNS")
+        sleep "$SETTLE"
+        after=$(rss_kib "$PID") keys1=$(keys_held)
+        echo "$alg $mode: $result" >&2
+        held=$((keys1 - keys0))
+        per=n/a; ((held > 0)) && per=$(((after - before) * 1024 / held))
+        GROWTH[$alg,$mode]=$per
+        echo "| $alg | $mode | $held | $before | $after | $per | $(sed -E 's/.*non200=([0-9]+).*/\1/' <<<"$result") |"
+        stop
+    done
+done
+
+if [[ " $MODES " == *" standalone "* && " $MODES " == *" cluster "* ]]; then
+    echo
+    echo "| algorithm | cluster / standalone |"
+    echo "|---|---|"
+    for alg in $ALGORITHMS; do
+        s=${GROWTH[$alg,standalone]} c=${GROWTH[$alg,cluster]}
+        r=n/a; [[ $s =~ ^[1-9][0-9]*$ && $c =~ ^-?[0-9]+$ ]] && r=$(awk -v c="$c" -v s="$s" 'BEGIN { printf "%.1f", c / s }')
+        echo "| $alg | $r |"
+    done
+fi
+echo "wall time: ${SECONDS}s" >&2
