@@ -368,6 +368,7 @@ impl<V> Store<V> {
         }
         for shard in self.shards.iter() {
             let mut todo = names(&mut lock(shard)).into_iter().peekable();
+            let removed_before = removed;
             while todo.peek().is_some() {
                 let mut inner = lock(shard);
                 let inner = &mut *inner;
@@ -394,6 +395,9 @@ impl<V> Store<V> {
                         Visit::Unlist => e.listed = false,
                     }
                 }
+            }
+            if removed > removed_before {
+                self.shrink(&mut lock(shard));
             }
         }
         self.keys.fetch_sub(removed, Ordering::Relaxed);
@@ -426,18 +430,26 @@ impl<V> Store<V> {
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             let before = inner.table.len();
             inner.table.retain(&mut keep);
-            let len = inner.table.len();
-            removed += before - len;
-            // Give memory back after a burst of keys has gone, but keep a floor: keys that
-            // come and go every sweep would otherwise shrink and regrow the table each time.
-            let target = (2 * len).max(SHRINK_FLOOR);
-            if inner.table.capacity() > 2 * target {
-                let hasher = &self.hasher;
-                inner.table.shrink_to(target, |e| hasher.hash_one(&*e.key));
-            }
+            removed += before - inner.table.len();
+            self.shrink(&mut inner);
         }
         self.keys.fetch_sub(removed, Ordering::Relaxed);
         removed
+    }
+
+    /// Gives memory back after a burst of keys has gone, but keeps a floor: keys that come
+    /// and go every sweep would otherwise shrink and regrow the table each time.
+    fn shrink(&self, inner: &mut ShardInner<V>) {
+        let target = (2 * inner.table.len()).max(SHRINK_FLOOR);
+        if inner.table.capacity() > 2 * target {
+            let hasher = &self.hasher;
+            inner.table.shrink_to(target, |e| hasher.hash_one(&*e.key));
+        }
+        if inner.listed.capacity() > 2 * inner.listed.len().max(SHRINK_FLOOR) {
+            inner
+                .listed
+                .shrink_to(2 * inner.listed.len().max(SHRINK_FLOOR / 2));
+        }
     }
 
     /// Keys evicted so far, by background sweeps and by sweeps made for a new key at the bound.

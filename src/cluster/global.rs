@@ -2131,22 +2131,28 @@ impl Global {
             }
             let idle = report.demand == 0 && helds.iter().all(|h| h.is_empty());
             let active = !idle || report.limits.iter().any(|lr| !lr.counts.is_empty());
-            if rule
+            let touch = |k: &mut GKey| {
+                k.inputs_changed = true;
+                // In use as of this round: no starter until an instant finds it idle
+                // (starters open before the instant has visited every key).
+                k.known |= active;
+                if !idle {
+                    k.remote_round = k.remote_round.max(round);
+                }
+            };
+            if !active {
+                // A key the peer reports unused (a full frame names every key it holds)
+                // changes nothing here unless this node tracks it: tracking it afresh would
+                // have each node's full frame keep every idle key alive at the others.
+                rule.store.update_stored_listed(&report.key, touch);
+            } else if rule
                 .store
                 .update_listed(
                     &report.key,
                     now,
                     || GKey::fresh(rule, now, members, settled),
                     |_| false,
-                    |k| {
-                        k.inputs_changed = true;
-                        // In use as of this round: no starter until an instant finds it idle
-                        // (starters open before the instant has visited every key).
-                        k.known |= active;
-                        if !idle {
-                            k.remote_round = k.remote_round.max(round);
-                        }
-                    },
+                    touch,
                 )
                 .is_err()
             {
@@ -2168,6 +2174,8 @@ impl Global {
                     .update_stored_listed(key, |k| k.inputs_changed = true);
             }
         }
+        p.reports.iter_mut().for_each(shrink_map);
+        p.returned.iter_mut().for_each(shrink_map);
     }
 
     /// The instant of round `n`: apply frames, decide consistency, allot leases and shares.
@@ -2785,6 +2793,16 @@ impl Global {
         let mut my_extra = 0u64;
         // Whether anyone uses the key: counts, demand or holdings in a slot allotted here.
         let mut in_use = in_demand;
+        // For the sliding algorithms, whether anyone counted in a slot a budget from here on
+        // reads, or demands the key. Room held, or claimed for an earlier slot, keeps such a
+        // key in use only then: one whose counts have all left its window and that nobody
+        // demands is idle, so its room goes back and it can be forgotten. (A log's slots
+        // move every round: the room each instant leased ahead would otherwise keep the key
+        // in use for ever.) A fixed window's slot moves once a period, and handing back its
+        // room would hand back the base with it.
+        let counted = l.based()
+            || in_demand
+            || (cur + 1 - l.span().min(cur + 1)..=next).any(|y| slots.total(y) > 0);
         let hold_from = st.hold_from;
         // Every slot from the current one to the one the next boundary falls in: a log's
         // sub-slots can be shorter than a round, so one may begin and end between two
@@ -2888,14 +2906,14 @@ impl Global {
             let total = c.saturating_sub(a);
             let free = total.saturating_sub(held_total);
             // Bases alone do not make a key used: one nobody uses holds its bases as they are.
-            in_use |= a_known > 0 || explicit_total > 0;
+            in_use |= counted && (a_known > 0 || explicit_total > 0);
             // Targets, while the slot is in use (counts, demand or room held; an idle slot's
             // holdings all go back, so the key can be forgotten): the escrow, the room below
             // (1 − m)·C, evenly, so that every participant admits its share at once wherever
             // the demand was; the rest by demand weight. Room held keeps a slot in use: a
             // slot leased ahead (with the previous slot's holdings counted against it) is not
             // handed back at its start only to be leased again a round later.
-            let active = a_known > 0 || in_demand || explicit_total > 0;
+            let active = counted && (a_known > 0 || in_demand || explicit_total > 0);
             let escrowed = escrow(c, a);
             let even = escrowed / reachable.len().max(1) as u64;
             // A deterministic order of the participants (hash of rule, key, slot and node
@@ -3332,6 +3350,16 @@ fn dormant_until(
     (wake > n + 1).then_some(wake)
 }
 
+/// Gives a map's memory back once most of its entries are gone (a peer's reports of keys
+/// that went quiet), keeping a floor so that it does not shrink and regrow every round.
+fn shrink_map<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(m: &mut HashMap<K, V, S>) {
+    const FLOOR: usize = 256;
+    let len = m.len().max(FLOOR);
+    if m.capacity() > 4 * len {
+        m.shrink_to(2 * len);
+    }
+}
+
 /// Whether a key's allotment would grant nothing new: every windowed limit was allotted for
 /// the same (current, next) slots from the same inputs (the caller checks those) and reads
 /// no time-dependent budget (a sliding counter's previous window fades, so it is
@@ -3692,6 +3720,10 @@ fn bucket_target(demands: &[u64], total: u128, i: usize) -> u64 {
 /// limit every node holds nearly its even part of the tokens, whoever was busy (design
 /// §3.5). Targets sum to at most [`SHARE_ONE`].
 fn burst_target(demands: &[u64], total: u128, i: usize) -> u64 {
+    if total == 0 {
+        // Nobody demands the key: the default share, exactly (see `held_share`).
+        return bucket_target(demands, total, i);
+    }
     let n = (demands.len() as u64).max(1);
     let escrow = (SHARE_ONE - SHARE_ONE / ESCROW_MARGIN) / n;
     escrow + bucket_target(demands, total, i) / ESCROW_MARGIN
@@ -3784,8 +3816,10 @@ fn held_share(demands: &[u64], held: &[u64], target: fn(&[u64], u128, usize) -> 
     // Within half the target above it, the share is kept: a share given up is free to the
     // others only a round later, so following every wobble of the demands wastes room. But
     // if the shares held sum past the whole (a node that took the default share of a key
-    // before it heard that others hold it all), nobody keeps more than its target.
-    let kept = if held[0] <= t0 + t0 / 2 && held_sum <= u128::from(SHARE_ONE) {
+    // before it heard that others hold it all), nobody keeps more than its target; nor when
+    // nobody demands the key: the shares go back to the even split, so that the key is
+    // fresh again once its bucket is full, and forgotten (design §3.5).
+    let kept = if total > 0 && held[0] <= t0 + t0 / 2 && held_sum <= u128::from(SHARE_ONE) {
         held[0]
     } else {
         held[0].min(t0)

@@ -110,6 +110,9 @@ type ActorIx = u32;
 /// This node's own actor's index.
 const ME: ActorIx = 0;
 
+/// The slot table is not shrunk below this many slots.
+const SLOTS_FLOOR: usize = 1024;
+
 /// One slot's per-actor counts (the state of a `GCounter`): nearly every slot is counted in
 /// by one actor, so the first pair is inline and only the others take an allocation.
 #[derive(Clone, Debug)]
@@ -365,7 +368,16 @@ impl Counters {
         for ix in freed {
             self.release_if_unused(ix);
         }
-        before - self.slots.len()
+        // Give memory back once most slots are gone (not for a few: the table would shrink
+        // and regrow as windows turn).
+        let len = self.slots.len();
+        if self.slots.capacity() > 4 * len.max(SLOTS_FLOOR) {
+            let hasher = &self.hasher;
+            self.slots.shrink_to(2 * len.max(SLOTS_FLOOR), |s| {
+                hasher.hash_one((s.rule, &*s.key, s.slot))
+            });
+        }
+        before - len
     }
 
     /// Slots held.

@@ -1182,7 +1182,9 @@ fn rounds_visit_only_keys_with_activity() {
     let rules = vec![
         (
             "b".to_owned(),
-            vec![bucket(Algorithm::TokenBucket, 100, SECOND, 100)],
+            // Slow to refill: a key checked once stays short of a token (not fresh), so
+            // it stays tracked while dormant.
+            vec![bucket(Algorithm::TokenBucket, 100, 3600 * SECOND, 100)],
         ),
         ("w".to_owned(), vec![fixed(100, SECOND)]),
     ];
@@ -1219,7 +1221,8 @@ fn rounds_visit_only_keys_with_activity() {
     let (listed_visits, listed, tracked) = visits(false);
     let (all_visits, _, all_tracked) = visits(true);
     assert_eq!(tracked, all_tracked);
-    assert!(tracked >= 3 * 300, "bucket keys tracked: {tracked}");
+    // Each node keeps at least the keys it checked (their buckets are short).
+    assert!(tracked >= 300, "bucket keys tracked: {tracked}");
     assert_eq!(
         listed,
         vec![0; 6],
@@ -1915,18 +1918,4 @@ fn a_hot_key_busy_at_other_nodes_gets_its_share_of_the_room_every_round() {
             }
         }
     }
-}
-
-#[test]
-fn tmp_sizes() {
-    println!(
-        "GKey {} LState {} WState {} BState {} Grant {} Summary {} HoldRecord {}",
-        size_of::<GKey>(),
-        size_of::<LState>(),
-        size_of::<WState>(),
-        size_of::<BState>(),
-        size_of::<Grant>(),
-        size_of::<Summary>(),
-        size_of::<HoldRecord>()
-    );
 }
