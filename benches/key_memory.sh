@@ -14,14 +14,15 @@
 # edge if it would cross it), buckets 1000 per 10 d (a token refills in 864 s). After a
 # warm-up of 2,000 keys, NKEYS new 12-byte keys ("key-00000000", ...) are each checked once by
 # a python3 client (CONNS keep-alive connections, one process each; wrk is not needed), then,
-# SETTLE seconds later (cluster rounds run), VmRSS growth is divided by the growth of
-# gossamer_active_keys{rule="km"}. Prints one markdown row per run (RSS growth includes the
-# allocator's slack and hash-table doubling, so it depends on where NKEYS falls against a
-# power of two), then cluster / standalone per algorithm.
+# SETTLE seconds later (a clustered node's RSS still grows for ~5 s after the last check),
+# VmRSS growth is divided by the growth of gossamer_active_keys{rule="km"}. Prints one
+# markdown row per run (RSS growth includes the allocator's slack and hash-table doubling, so
+# it depends on where NKEYS falls against a power of two; a clustered run varies by ±25%
+# between runs: take several), then cluster / standalone per algorithm.
 #
 # Environment: NKEYS (100000), ALGORITHMS (all five), MODES ("standalone cluster"), PORT
-# (17300: HTTP; PORT+1 gossip, PORT+2 QUIC, all checked free), CONNS (8), SETTLE (3),
-# PERIOD (1h).
+# (17300: HTTP; PORT+1 gossip, PORT+2 QUIC, all checked free), CONNS (8), SETTLE (10),
+# PERIOD (1h), BIN (a gossamer binary to measure instead of building this checkout's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NKEYS=${NKEYS:-100000}
@@ -29,7 +30,7 @@ ALGORITHMS=${ALGORITHMS:-token_bucket leaky_bucket fixed_window sliding_window_l
 MODES=${MODES:-standalone cluster}
 PORT=${PORT:-17300}
 CONNS=${CONNS:-8}
-SETTLE=${SETTLE:-3}
+SETTLE=${SETTLE:-10}
 PERIOD=${PERIOD:-1h}
 WORK=$(mktemp -d -t gossamer-key-memory.XXXXXX)
 PID=
@@ -59,7 +60,14 @@ print("checks=%d non200=%d statuses=%s secs=%.1f rate=%.0f/s" % (sum(seen.values
       sum(seen.values()) - seen[200], dict(seen), secs, sum(seen.values()) / secs))
 PY
 
-cargo build --release --locked --bin gossamer >&2
+if [[ -n ${BIN:-} ]]; then
+    cp "$BIN" "$WORK/gossamer"
+    echo "binary: $BIN" >&2
+else
+    cargo build --release --locked --bin gossamer >&2
+    cp target/release/gossamer "$WORK/gossamer" # a rebuild by someone else mid-run changes nothing
+    echo "binary: $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src Cargo.toml Cargo.lock || echo +dirty)" >&2
+fi
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 keys_held() {
     curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "gossamer_active_keys{rule=\"km\"}" { print $2 }'
@@ -73,7 +81,7 @@ ports_free() {
 start() {
     for _ in $(seq 1 50); do ports_free && break; sleep 0.1; done
     ports_free || { echo "ports $PORT-$((PORT + 2)) are in use: set PORT" >&2; exit 1; }
-    target/release/gossamer serve --config "$WORK/km.toml" --http "127.0.0.1:$PORT" --node-id km \
+    "$WORK/gossamer" serve --config "$WORK/km.toml" --http "127.0.0.1:$PORT" --node-id km \
         >"$WORK/log" 2>&1 &
     PID=$!
     for _ in $(seq 1 100); do
