@@ -1806,8 +1806,6 @@ impl Global {
         // A full boundary visits (and lists) every key, and is the only one that forgets
         // keys: a listed visit would never see a dormant one.
         let all = full || self.params.visit_all;
-        // A cluster of one (no peer known, alive or not) sends no frame.
-        let alone = st.peers.is_empty();
         let mut keys = Vec::new();
         let mut visits = 0;
         for r in &self.rules {
@@ -1882,11 +1880,7 @@ impl Global {
                 }
                 // Demand makes the key in use at the coming instant (no starter meanwhile).
                 k.known |= !idle;
-                if alone {
-                    // Nobody to tell: no report is built. A peer that comes pulls this
-                    // node's counts, and the node's frames name every key it holds as soon
-                    // as that peer takes part (its arrival changes the view: a full frame).
-                } else if full || k.changed_in + REPEAT > n {
+                if full || k.changed_in + REPEAT > n {
                     let limits = k
                         .limits
                         .iter()
@@ -1948,9 +1942,6 @@ impl Global {
             st.my_views.pop_first();
         }
         st.boundary = Some(n);
-        if alone {
-            return Vec::new();
-        }
         let chunks = split_by(keys, PART_BYTES, report_bytes);
         let parts = chunks.len() as u32;
         let since = (!full).then(|| n.saturating_sub(REPEAT - 1));

@@ -1919,34 +1919,3 @@ fn a_hot_key_busy_at_other_nodes_gets_its_share_of_the_room_every_round() {
         }
     }
 }
-
-#[test]
-fn a_cluster_of_one_builds_no_frames_until_a_peer_comes() {
-    let mut sim = Sim::new(1, rules_fixed(), Params::default(), 1);
-    sim.advance(300 * MS);
-    for i in 0..50 {
-        assert!(sim.check(0, "api", &format!("k{i}"), 1).allowed());
-    }
-    // The round's boundary, run by hand: counts changed, nobody to tell.
-    let round = Params::default().round;
-    let next = (sim.now / round + 1) * round;
-    let out = sim.node(0).tick(next);
-    assert!(out.is_empty(), "{} messages", out.len());
-    // A peer that comes changes the view: the next boundary names every key.
-    let peer = MemberInfo {
-        actor: Actor::new("node-9", 1),
-        alive: true,
-        left: false,
-        published_through: None,
-    };
-    sim.node(0).set_members(&[peer], next + MS);
-    let frames = sim.node(0).tick(next + round);
-    let keys: usize = frames
-        .iter()
-        .map(|o| match o {
-            Output::ToAll(Message::Round(f)) => f.keys.len(),
-            _ => 0,
-        })
-        .sum();
-    assert_eq!(keys, 50);
-}
