@@ -817,7 +817,10 @@ struct Sender {
     /// Node ids that have sent a frame over an authenticated QUIC connection. Gossip alone
     /// (chitchat is unauthenticated) never makes a node a member of the round protocol: a
     /// member nobody can authenticate would be charged as an unreachable peer and hold
-    /// everyone's limits.
+    /// everyone's limits. So a node must keep sending its round frames to every address it
+    /// has (`addrs`) even while its `Global` knows no peer: a node that sent nothing until it
+    /// knew a peer was never authenticated by the others (tests/chaos.rs: 5 nodes each
+    /// admitted half the limit, 600 of 300 a window).
     authenticated: Arc<Mutex<HashSet<String>>>,
     /// Wakes the membership task when a node is authenticated for the first time.
     newly_authenticated: Arc<tokio::sync::Notify>,
