@@ -42,6 +42,14 @@ pub const FULL_SWEEP_EVERY: Nanos = 100_000_000;
 #[error("the key store is full")]
 pub struct Full;
 
+/// The capacity a collection of `len` entries and `capacity` should shrink to, if any: twice
+/// its entries (at least `floor`), once it holds more than twice that. A table that keeps
+/// less than a quarter of its room gives memory back; one whose entries come and go stays.
+pub(crate) fn shrink_target(len: usize, capacity: usize, floor: usize) -> Option<usize> {
+    let target = (2 * len).max(floor);
+    (capacity > 2 * target).then_some(target)
+}
+
 /// A sharded map from string keys to `V`.
 #[derive(Debug)]
 pub struct Store<V> {
@@ -440,15 +448,14 @@ impl<V> Store<V> {
     /// Gives memory back after a burst of keys has gone, but keeps a floor: keys that come
     /// and go every sweep would otherwise shrink and regrow the table each time.
     fn shrink(&self, inner: &mut ShardInner<V>) {
-        let target = (2 * inner.table.len()).max(SHRINK_FLOOR);
-        if inner.table.capacity() > 2 * target {
+        let table = inner.table.capacity();
+        if let Some(target) = shrink_target(inner.table.len(), table, SHRINK_FLOOR) {
             let hasher = &self.hasher;
             inner.table.shrink_to(target, |e| hasher.hash_one(&*e.key));
         }
-        if inner.listed.capacity() > 2 * inner.listed.len().max(SHRINK_FLOOR) {
-            inner
-                .listed
-                .shrink_to(2 * inner.listed.len().max(SHRINK_FLOOR / 2));
+        let listed = inner.listed.capacity();
+        if let Some(target) = shrink_target(inner.listed.len(), listed, SHRINK_FLOOR) {
+            inner.listed.shrink_to(target);
         }
     }
 

@@ -3353,10 +3353,8 @@ fn dormant_until(
 /// Gives a map's memory back once most of its entries are gone (a peer's reports of keys
 /// that went quiet), keeping a floor so that it does not shrink and regrow every round.
 fn shrink_map<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(m: &mut HashMap<K, V, S>) {
-    const FLOOR: usize = 256;
-    let len = m.len().max(FLOOR);
-    if m.capacity() > 4 * len {
-        m.shrink_to(2 * len);
+    if let Some(target) = crate::store::shrink_target(m.len(), m.capacity(), 512) {
+        m.shrink_to(target);
     }
 }
 

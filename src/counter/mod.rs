@@ -46,6 +46,8 @@ use std::hash::BuildHasher;
 
 use crdts::Dot;
 use hashbrown::HashTable;
+
+use crate::store::shrink_target;
 use serde::{Deserialize, Serialize};
 
 pub(crate) use digest::StableHasher;
@@ -111,7 +113,12 @@ type ActorIx = u32;
 const ME: ActorIx = 0;
 
 /// The slot table is not shrunk below this many slots.
-const SLOTS_FLOOR: usize = 1024;
+const SLOTS_FLOOR: usize = 2048;
+
+/// Where a slot of (rule index, key, slot) sits in the table.
+fn slot_hash(hasher: &foldhash::fast::RandomState, rule: u32, key: &str, slot: u64) -> u64 {
+    hasher.hash_one((rule, key, slot))
+}
 
 /// One slot's per-actor counts (the state of a `GCounter`): nearly every slot is counted in
 /// by one actor, so the first pair is inline and only the others take an allocation.
@@ -150,9 +157,14 @@ struct Slot {
 }
 
 impl Slot {
-    /// Raises `actor`'s count to `count` if that is higher. Returns the count it had and
-    /// whether it was new to the slot.
-    fn raise(&mut self, actor: ActorIx, count: u64) -> Option<(u64, bool)> {
+    /// Whether this is the slot of (`rule`, `key`, `slot`).
+    fn is(&self, rule: u32, key: &str, slot: u64) -> bool {
+        self.rule == rule && self.slot == slot && *self.key == *key
+    }
+
+    /// Raises `actor`'s count to `count` if that is higher. Returns `None` if it was not,
+    /// else whether the actor was new to the slot.
+    fn raise(&mut self, actor: ActorIx, count: u64) -> Option<bool> {
         let had = if self.counts.first.0 == actor {
             &mut self.counts.first.1
         } else if let Some(pair) = self.counts.rest.iter_mut().find(|(a, _)| *a == actor) {
@@ -160,7 +172,7 @@ impl Slot {
         } else {
             self.counts.rest.push((actor, count));
             self.total = self.total.saturating_add(count);
-            return Some((0, true));
+            return Some(true);
         };
         let old = *had;
         if count <= old {
@@ -169,7 +181,7 @@ impl Slot {
         *had = count;
         // Counts only grow, so adding the increase keeps `total` = min(sum, u64::MAX).
         self.total = self.total.saturating_add(count - old);
-        Some((old, false))
+        Some(false)
     }
 }
 
@@ -371,11 +383,10 @@ impl Counters {
         // Give memory back once most slots are gone (not for a few: the table would shrink
         // and regrow as windows turn).
         let len = self.slots.len();
-        if self.slots.capacity() > 4 * len.max(SLOTS_FLOOR) {
+        if let Some(target) = shrink_target(len, self.slots.capacity(), SLOTS_FLOOR) {
             let hasher = &self.hasher;
-            self.slots.shrink_to(2 * len.max(SLOTS_FLOOR), |s| {
-                hasher.hash_one((s.rule, &*s.key, s.slot))
-            });
+            self.slots
+                .shrink_to(target, |s| slot_hash(hasher, s.rule, &s.key, s.slot));
         }
         before - len
     }
@@ -397,32 +408,35 @@ impl Counters {
 
     /// Whether `slot` of `rule` is older than what the rule keeps.
     fn is_forgotten(&self, rule: &str, slot: u64) -> bool {
-        self.rules
-            .iter()
-            .find(|(r, _)| r == rule)
-            .and_then(|(_, floor)| *floor)
+        self.rule_of(rule)
+            .and_then(|ri| self.rules[ri as usize].1)
             .is_some_and(|f| slot < f)
     }
 
-    /// The index of `rule`, interning it on first sight. Rules are few (the caller's limit
-    /// labels), so a scan beats a map.
+    /// The index of `rule`, if seen. Rules are few (the caller's limit labels), so a scan
+    /// beats a map.
+    fn rule_of(&self, rule: &str) -> Option<u32> {
+        self.rules
+            .iter()
+            .position(|(r, _)| r == rule)
+            .map(|i| i as u32)
+    }
+
+    /// The index of `rule`, interning it on first sight.
     fn rule_ix(&mut self, rule: &str) -> u32 {
-        if let Some(i) = self.rules.iter().position(|(r, _)| r == rule) {
-            return i as u32;
+        if let Some(i) = self.rule_of(rule) {
+            return i;
         }
         self.rules.push((rule.to_owned(), None));
         (self.rules.len() - 1) as u32
     }
 
-    fn hash(&self, rule: u32, key: &str, slot: u64) -> u64 {
-        self.hasher.hash_one((rule, key, slot))
-    }
-
     fn find(&self, rule: &str, key: &str, slot: u64) -> Option<&Slot> {
-        let ri = self.rules.iter().position(|(r, _)| r == rule)? as u32;
-        let hash = self.hash(ri, key, slot);
+        let ri = self.rule_of(rule)?;
         self.slots
-            .find(hash, |s| s.rule == ri && s.slot == slot && *s.key == *key)
+            .find(slot_hash(&self.hasher, ri, key, slot), |s| {
+                s.is(ri, key, slot)
+            })
     }
 
     /// The index of `actor`, interning it (with no slots yet) if new.
@@ -469,14 +483,12 @@ impl Counters {
             return false;
         }
         let ri = self.rule_ix(rule);
-        let hash = self.hash(ri, key, slot);
-        let found = self
-            .slots
-            .find_mut(hash, |s| s.rule == ri && s.slot == slot && *s.key == *key);
+        let hash = slot_hash(&self.hasher, ri, key, slot);
+        let found = self.slots.find_mut(hash, |s| s.is(ri, key, slot));
         let new_actor = match found {
             Some(s) => match s.raise(actor, count) {
                 None => return false,
-                Some((_, new_actor)) => new_actor,
+                Some(new_actor) => new_actor,
             },
             None => {
                 let hasher = &self.hasher;
@@ -492,7 +504,7 @@ impl Counters {
                             rest: Vec::new(),
                         },
                     },
-                    |s| hasher.hash_one((s.rule, &*s.key, s.slot)),
+                    |s| slot_hash(hasher, s.rule, &s.key, s.slot),
                 );
                 true
             }
