@@ -1096,24 +1096,37 @@ async fn receive(
                 .entry(reason)
                 .or_default() += 1;
         };
-        let message = match wire::decode(&frame) {
-            Ok(m) => m,
-            Err(e) => {
-                debug!(%peer, error = %e, "dropped a malformed frame");
-                reject("malformed");
-                continue;
-            }
-        };
-        let received = match &exchange {
-            Exchange::Mesh(global) => {
-                let round = matches!(message, wire::Message::Round(_));
-                let received = global.receive(&peer, message, clock.now());
+        // Decoding a frame and handing it to the exchange (which takes the round lock, held
+        // through a whole round's tick) run on a blocking thread: on the runtime's one worker
+        // they held up every frame this node sends until the tick ended.
+        let (ex, from, clk) = (exchange.clone(), peer.clone(), clock.clone());
+        let handled = tokio::task::spawn_blocking(move || {
+            let message = wire::decode(&frame)?;
+            Ok::<_, wire::WireError>(match &ex {
+                Exchange::Mesh(global) => {
+                    let round = matches!(message, wire::Message::Round(_));
+                    (round, global.receive(&from, message, clk.now()))
+                }
+                Exchange::Tree(tree, _) => (false, tree_step(tree, |t| t.receive(&from, message))),
+            })
+        })
+        .await;
+        let received = match handled {
+            Ok(Ok((round, received))) => {
                 if round && received.is_ok() {
                     sender.frame_arrived.notify_one();
                 }
                 received
             }
-            Exchange::Tree(tree, _) => tree_step(tree, |t| t.receive(&peer, message)),
+            Ok(Err(e)) => {
+                debug!(%peer, error = %e, "dropped a malformed frame");
+                reject("malformed");
+                continue;
+            }
+            Err(e) => {
+                warn!(%peer, error = %e, "handling a frame failed");
+                continue;
+            }
         };
         match received {
             Ok(out) => sender.send(out),
