@@ -211,6 +211,9 @@ pub struct Stats {
     pub consistent_rounds: u64,
     /// Instants at which it was degraded (took no lease).
     pub degraded_rounds: u64,
+    /// Of those, the ones degraded only by a late frame right after a consistent one, which
+    /// kept the sliding algorithms' starters open until the next boundary.
+    pub kept_rounds: u64,
     /// Key reports dropped: unknown rule, wrong shape, absurd counts or holdings.
     pub reports_dropped: u64,
     /// A peer's counts ignored for a slot this node cannot read: more than one slot ahead of
@@ -681,6 +684,11 @@ struct Phase {
     /// reachable, or holding for a partition with the participants of the last
     /// all-reachable instant, in the slots allotted since ([`Global::starters_from`]).
     consistent: bool,
+    /// The last instant was degraded only by a late frame, right after a consistent one
+    /// (same view, every participant reachable): the sliding algorithms' starters stay open
+    /// until the next boundary, which ends them (design §3.3.1, "Starters across a late
+    /// frame").
+    kept: bool,
     /// The round of the last instant.
     round: u64,
 }
@@ -1104,13 +1112,17 @@ impl Global {
         Phase {
             open: p & 1 != 0,
             consistent: p & 2 != 0,
-            round: p >> 2,
+            kept: p & 4 != 0,
+            round: p >> 3,
         }
     }
 
     fn set_phase(&self, p: Phase) {
         self.phase.store(
-            u64::from(p.open) | (u64::from(p.consistent) << 1) | (p.round << 2),
+            u64::from(p.open)
+                | (u64::from(p.consistent) << 1)
+                | (u64::from(p.kept) << 2)
+                | (p.round << 3),
             Ordering::Release,
         );
     }
@@ -1233,7 +1245,6 @@ impl Global {
         now: Nanos,
     ) -> Result<(usize, Decision), Full> {
         let r = &self.rules[rule];
-        let phase = self.phase();
         let n = self.participants.load(Ordering::Relaxed);
         r.store.update_listed(
             key,
@@ -1241,6 +1252,10 @@ impl Global {
             || GKey::fresh(r, now, n, self.settled()),
             |k| k.is_fresh(r, now, n),
             |k| {
+                // Read under the key's shard lock: a boundary or an instant sets the phase
+                // before it visits any key, so a check after its visit of this key sees it (a
+                // starter taken on a phase read before could outlive what its frame says).
+                let phase = self.phase();
                 let (index, decision) = self.decide(r, k, cost, max_wait, now, phase, n);
                 charge(r, k, &decision, cost, now, n, phase.round, &|l, x| {
                     self.my_base(l, x)
@@ -1350,7 +1365,7 @@ impl Global {
             Some(g) if base > 0 || !g.is_empty() => g.spendable(),
             // The base: what this node holds of every key it published no holding for.
             None if base > 0 => base.saturating_sub(l.budget(s, now, |x| w.own_in(x))),
-            _ if used == 0 && starter_allowed(known, phase) && self.starters_in(l, s) => {
+            _ if used == 0 && starter_allowed(l, known, phase) && self.starters_in(l, s) => {
                 starter(l, participants)
             }
             _ => 0,
@@ -1768,8 +1783,12 @@ impl Global {
     /// The boundary of round `n`: snapshot own counts, publish the frame, open the gap.
     fn boundary(&self, st: &mut RoundState, n: u64, now: Nanos) -> Vec<Output> {
         let phase = self.phase();
+        // Starters kept across a late frame end here (this frame says this node holds none);
+        // a check that reads the phase after this (under its shard's lock, after the visit
+        // below) opens none.
         self.set_phase(Phase {
             open: false,
+            kept: false,
             ..phase
         });
         let full = st.view_changed
@@ -1838,6 +1857,11 @@ impl Global {
                     w.own.retain(|(slot, _)| *slot >= oldest);
                     w.others.retain(|(slot, _)| *slot >= oldest);
                     w.grants.retain(|g| g.slot >= cur);
+                    if phase.kept {
+                        for g in w.grants.iter_mut().filter(|g| g.starter) {
+                            g.end_starter();
+                        }
+                    }
                     let mut held = Pairs::new();
                     for g in &mut w.grants {
                         // A starter runs on to the next instant, which charges it to this
@@ -2325,10 +2349,29 @@ impl Global {
             Some(h) if with_record => h + 1,
             _ => u64::MAX,
         };
-        self.starters_from.store(starters_from, Ordering::Release);
+        // Degraded only by a late frame, right after an instant that opened starters, with
+        // the same view and every participant reachable: the sliding algorithms' starters
+        // stay open until the next boundary, which ends them. The frame this node sent at
+        // this round's boundary said it may hold starters, so an instant of the others that
+        // finds a key used charges it a whole starter; its next frame says it holds none
+        // (design §3.3.1, "Starters across a late frame").
+        let before = self.phase();
+        let kept = !consistent
+            && all_reachable
+            && !suspicion_changed
+            && !regrown
+            && self.joined()
+            && before.consistent
+            && before.round + 1 == n
+            && my_view.is_some()
+            && st.consistent_view == my_view;
+        st.stats.kept_rounds += u64::from(kept);
+        self.starters_from
+            .store(if kept { 0 } else { starters_from }, Ordering::Release);
         self.set_phase(Phase {
             open: true,
             consistent: starters_from != u64::MAX,
+            kept,
             round: n,
         });
         // Allot every key. The participants, this node first, then peers in node order.
@@ -2415,8 +2458,10 @@ impl Global {
                     // an earlier instant allowed ends: the consistent nodes charge it to this
                     // one now, but none will next round. Others' counts are refreshed for
                     // `remaining` where they changed.
-                    for s in k.limits.iter_mut() {
-                        if let LState::Window(w) = s {
+                    for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
+                        if let LState::Window(w) = s
+                            && (!kept || l.based())
+                        {
                             for g in w.grants.iter_mut().filter(|g| g.starter && g.opened < n) {
                                 g.end_starter();
                             }
@@ -2881,10 +2926,13 @@ impl Global {
                             .sum::<u64>()
                     && reachable.iter().enumerate().all(|(j, &i)| {
                         let base = base_in(j, cur);
+                        // A participant whose frame is not open holds no starter (its
+                        // degraded instant, or its boundary after one that kept them, ended
+                        // it); its counts are those of an ended one, at most an even split.
                         let size = if base > 0 {
                             base
                         } else {
-                            parts[i].open.map_or(0, |n| c / u64::from(n.max(1)))
+                            c / u64::from(parts[i].open.unwrap_or(parts.len() as u32).max(1))
                         };
                         own(i) <= size
                     });
@@ -3393,8 +3441,11 @@ fn copy_others(slots: &SlotReader<'_>, l: &GLimit, w: &mut WState, now: Nanos) {
 /// know the key (nobody used it, holds room of it or asked for it). The gap after a boundary
 /// included: the next instant charges the starter to this node whatever it spent. The caller
 /// also checks that no count in the slots the budget reads is known.
-fn starter_allowed(known: bool, phase: Phase) -> bool {
-    !known && phase.consistent
+/// Whether a key this node does not know in use may take a starter of limit `l` in `phase`:
+/// after a consistent instant, or, for a sliding algorithm, after one degraded only by a late
+/// frame ([`Phase::kept`]).
+fn starter_allowed(l: &GLimit, known: bool, phase: Phase) -> bool {
+    !known && (phase.consistent || (phase.kept && !l.based()))
 }
 
 /// Records a check's `decision` in the key: its cost as demand (unless it can never fit) and,
