@@ -3436,14 +3436,13 @@ fn copy_others(slots: &SlotReader<'_>, l: &GLimit, w: &mut WState, now: Nanos) {
     }
 }
 
-/// Whether a key nobody holds a lease for may be admitted on first touch (design §3.3.1,
-/// starters): the last instant was consistent with every participant reachable and did not
-/// know the key (nobody used it, holds room of it or asked for it). The gap after a boundary
-/// included: the next instant charges the starter to this node whatever it spent. The caller
-/// also checks that no count in the slots the budget reads is known.
-/// Whether a key this node does not know in use may take a starter of limit `l` in `phase`:
-/// after a consistent instant, or, for a sliding algorithm, after one degraded only by a late
-/// frame ([`Phase::kept`]).
+/// Whether a key nobody holds a lease for may be admitted on first touch under limit `l`
+/// (design §3.3.1, starters): the last instant did not know the key (nobody used it, holds
+/// room of it or asked for it) and was consistent with every participant reachable, or, for
+/// a sliding algorithm, degraded only by a late frame right after such an instant
+/// ([`Phase::kept`]). The gap after a boundary included: the next instant charges the starter
+/// to this node whatever it spent (a kept one ends at the boundary). The caller also checks
+/// that no count in the slots the budget reads is known.
 fn starter_allowed(l: &GLimit, known: bool, phase: Phase) -> bool {
     !known && (phase.consistent || (phase.kept && !l.based()))
 }
