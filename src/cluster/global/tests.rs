@@ -1554,6 +1554,19 @@ fn worst_sliding(l: &Limit, log: &[Nanos]) -> f64 {
     worst
 }
 
+/// Asserts that no admission in `logs` (one per limit) read an exact budget over the limit of
+/// 100; `what` names the run in the message.
+fn assert_sliding_within(names: &[&str], limits: &[Limit], logs: &[Vec<Nanos>], what: &str) {
+    for (r, l) in limits.iter().enumerate() {
+        let worst = worst_sliding(l, &logs[r]);
+        assert!(
+            worst <= 100.0 + 1e-9,
+            "{what}, {}: a budget of {worst:.2}",
+            names[r]
+        );
+    }
+}
+
 /// The sliding rules of the tests below: a log whose sub-slot is a round, one whose sub-slot
 /// is ten, and a sliding counter, each 100 per period.
 type Rules = Vec<(String, Vec<Limit>)>;
@@ -1592,14 +1605,14 @@ fn a_sliding_budget_holds_under_skewed_load_and_a_crash() {
             sim.crash(nodes - 1);
             load[nodes - 1] = 0;
             load_logged(&mut sim, &names, "hot", &load, 3 * SECOND, &mut logs);
-            for (r, l) in limits.iter().enumerate() {
-                let worst = worst_sliding(l, &logs[r]);
-                assert!(
-                    worst <= 100.0 + 1e-9,
-                    "{nodes} nodes, seed {seed}, {}: a budget of {worst:.2}",
-                    names[r]
-                );
-                assert!(logs[r].len() >= 100, "{}: {}", names[r], logs[r].len());
+            assert_sliding_within(
+                &names,
+                &limits,
+                &logs,
+                &format!("{nodes} nodes, seed {seed}"),
+            );
+            for (r, log) in logs.iter().enumerate() {
+                assert!(log.len() >= 100, "{}: {}", names[r], log.len());
             }
         }
     }
@@ -1661,15 +1674,13 @@ fn a_restarted_node_opens_starters_on_sliding_keys_within_the_limit() {
                     &mut new,
                 );
             }
-            for (r, l) in limits.iter().enumerate() {
-                for (key, log) in [("old", &old[r]), ("new", &new[r])] {
-                    let worst = worst_sliding(l, log);
-                    assert!(
-                        worst <= 100.0 + 1e-9,
-                        "{nodes} nodes, seed {seed}, {} {key}: a budget of {worst:.2}",
-                        names[r]
-                    );
-                }
+            for (key, logs) in [("old", &old), ("new", &new)] {
+                assert_sliding_within(
+                    &names,
+                    &limits,
+                    logs,
+                    &format!("{nodes} nodes, seed {seed}, {key}"),
+                );
             }
         }
     }
@@ -1882,14 +1893,7 @@ fn after_a_late_frame_a_new_sliding_key_is_admitted_at_once() {
             }
         }
         load_logged(&mut sim, &names, "late", &[900; 3], 2 * SECOND, &mut logs);
-        for (r, l) in limits.iter().enumerate() {
-            let worst = worst_sliding(l, &logs[r]);
-            assert!(
-                worst <= 100.0 + 1e-9,
-                "seed {seed} {}: {worst:.2}",
-                names[r]
-            );
-        }
+        assert_sliding_within(&names, &limits, &logs, &format!("seed {seed}"));
     }
 }
 
@@ -1939,14 +1943,8 @@ fn starters_kept_across_late_frames_keep_every_sliding_budget() {
                 }
             }
             for (k, per_rule) in logs.iter().enumerate() {
-                for (r, l) in limits.iter().enumerate() {
-                    let worst = worst_sliding(l, &per_rule[r]);
-                    assert!(
-                        worst <= 100.0 + 1e-9,
-                        "{nodes} nodes, seed {seed}, k{k} {}: {worst:.2}",
-                        names[r]
-                    );
-                }
+                let what = format!("{nodes} nodes, seed {seed}, k{k}");
+                assert_sliding_within(&names, &limits, per_rule, &what);
             }
             kept += (0..nodes)
                 .map(|i| sim.nodes[i].as_ref().unwrap().stats().kept_rounds)
