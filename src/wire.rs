@@ -97,6 +97,35 @@ pub enum Message {
     },
 }
 
+impl Message {
+    /// Every value [`Message::kind`] returns, in the order of the variants.
+    pub const KINDS: [&'static str; 8] = [
+        "hello",
+        "round",
+        "digest",
+        "repair",
+        "tree_up",
+        "tree_down",
+        "tree_handoff",
+        "tree_carried",
+    ];
+
+    /// The message's kind, for metrics: its variant's name in snake case.
+    pub fn kind(&self) -> &'static str {
+        let i = match self {
+            Message::Hello { .. } => 0,
+            Message::Round(_) => 1,
+            Message::Digest { .. } => 2,
+            Message::Repair { .. } => 3,
+            Message::TreeUp(_) => 4,
+            Message::TreeDown(_) => 5,
+            Message::TreeHandoff(_) => 6,
+            Message::TreeCarried { .. } => 7,
+        };
+        Self::KINDS[i]
+    }
+}
+
 /// Sums over members of the aggregation tree (`cluster::tree`) for one round.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TreeSums {

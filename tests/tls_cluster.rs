@@ -159,6 +159,22 @@ async fn a_member_from_another_ca_never_holds_the_cluster_limit() {
             .find_map(|l| l.strip_prefix("gossamer_cluster_key_visits_total "))
             .and_then(|v| v.parse::<u64>().ok());
         assert!(visits.is_some_and(|v| v > 0), "key visits: {visits:?}");
+        // What was sent, by kind: a mesh sends round frames and digests (every 10th round),
+        // and no hello (only the tree greets) and no tree message.
+        let sent = |family: &str, kind: &str| -> u64 {
+            let prefix = format!("{family}{{kind=\"{kind}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix.as_str()))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no {prefix} in {text}"))
+        };
+        for kind in ["round", "digest"] {
+            assert!(sent("gossamer_cluster_sent_messages_total", kind) > 0, "{kind}");
+            assert!(sent("gossamer_cluster_sent_bytes_total", kind) > 0, "{kind}");
+        }
+        for kind in ["hello", "tree_up", "tree_down", "tree_handoff", "tree_carried"] {
+            assert_eq!(sent("gossamer_cluster_sent_bytes_total", kind), 0, "{kind}");
+        }
         // The stranger never authenticated, so it takes no part: nothing is held for it.
         assert!(text.contains("\ngossamer_cluster_suspected_peers 0\n"), "{text}");
         assert!(text.contains("\ngossamer_cluster_held_share 0.000000\n"), "{text}");

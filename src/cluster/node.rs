@@ -96,6 +96,9 @@ struct Counts {
     /// Ticks run (boundaries and instants) and the time they took.
     ticks: u64,
     tick_seconds: f64,
+    /// Messages handed to the transport, and their encoded bytes, by kind
+    /// ([`Message::kind`]): one per peer sent to.
+    sent: BTreeMap<&'static str, (u64, u64)>,
 }
 
 /// A running cluster node.
@@ -426,6 +429,29 @@ impl Cluster {
                 ("what=\"send_failures\"", t.send_failures),
                 ("what=\"queue_drops\"", t.queue_drops),
             ],
+        );
+        let sent = |i: usize| -> Vec<(String, u64)> {
+            wire::Message::KINDS
+                .iter()
+                .map(|kind| {
+                    let (messages, bytes) = counts.sent.get(kind).copied().unwrap_or_default();
+                    (format!("kind=\"{kind}\""), [messages, bytes][i])
+                })
+                .collect()
+        };
+        family(
+            out,
+            "gossamer_cluster_sent_messages_total",
+            "counter",
+            "Messages handed to QUIC for peers, by kind (one per peer sent to).",
+            &sent(0),
+        );
+        family(
+            out,
+            "gossamer_cluster_sent_bytes_total",
+            "counter",
+            "Their encoded bytes, by kind (QUIC's own overhead not included).",
+            &sent(1),
         );
     }
 
@@ -848,11 +874,17 @@ impl Sender {
                 }
             };
             let addrs = self.addrs.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let mut copies = 0;
             for (node, addr) in addrs {
                 if to.as_ref().is_none_or(|t| *t == node) {
                     self.transport.send(&node, addr, frame.clone());
+                    copies += 1;
                 }
             }
+            let mut counts = self.counts.lock().unwrap_or_else(|p| p.into_inner());
+            let sent = counts.sent.entry(message.kind()).or_default();
+            sent.0 += copies;
+            sent.1 += copies * frame.len() as u64;
         }
     }
 }
