@@ -582,6 +582,10 @@ pub struct GKey {
     sent: Option<Summary>,
     /// Own counts changed since the last frame.
     counts_dirty: bool,
+    /// The last round whose frame carried a change of own counts, modulo 256: a frame
+    /// repeats the counts for [`REPEAT`] rounds from then, and otherwise leaves them out
+    /// (a wrapped value only makes a frame carry them again).
+    counts_in: u8,
     /// The last round whose frame carried a change of this key.
     changed_in: u64,
     /// Whether the last instant allotted this key (so it is not idle cluster-wide).
@@ -638,6 +642,7 @@ impl GKey {
             demand: 0,
             sent: None,
             counts_dirty: false,
+            counts_in: 0,
             changed_in: 0,
             known: false,
             inputs_changed: true,
@@ -1904,14 +1909,29 @@ impl Global {
                 }
                 // Demand makes the key in use at the coming instant (no starter meanwhile).
                 k.known |= !idle;
-                if full || k.changed_in + REPEAT > n {
+                if k.counts_dirty {
+                    k.counts_in = n as u8;
+                }
+                // A full frame makes its receivers complete for this node (nothing it missed
+                // before is still missing): it names every key with something to say, each
+                // with all its counts. Otherwise a key's counts go out in the frames of the
+                // rounds they changed in and the `REPEAT - 1` after, and a key listed for a
+                // change of room or demand alone leaves them out.
+                let counts = full || (n as u8).wrapping_sub(k.counts_in) < REPEAT as u8;
+                let counted = || {
+                    k.limits
+                        .iter()
+                        .any(|s| matches!(s, LState::Window(w) if !w.own.is_empty()))
+                };
+                let listed = k.changed_in + REPEAT > n || (full && (!idle || counted()));
+                if listed {
                     let limits = k
                         .limits
                         .iter()
                         .zip(&helds)
                         .map(|(s, held)| match s {
                             LState::Window(w) => LimitReport {
-                                counts: w.own.to_vec(),
+                                counts: if counts { w.own.to_vec() } else { Vec::new() },
                                 held: held.to_vec(),
                                 ..LimitReport::default()
                             },

@@ -310,6 +310,12 @@ impl Sim {
             if let Message::Round(f) = &message {
                 self.traffic.round_frames += targets.len() as u64;
                 self.traffic.key_reports += (f.keys.len() * targets.len()) as u64;
+                let counted = f
+                    .keys
+                    .iter()
+                    .filter(|k| k.limits.iter().any(|l| !l.counts.is_empty()))
+                    .count();
+                self.traffic.counted_reports += (counted * targets.len()) as u64;
             }
             for to in targets {
                 self.bytes_sent[from] += frame.len() as u64;
@@ -1198,16 +1204,19 @@ pub struct Traffic {
     pub round_frames: u64,
     /// The key reports those frames carried.
     pub key_reports: u64,
+    /// Those of the key reports that carried counts.
+    pub counted_reports: u64,
 }
 
 impl Traffic {
-    fn since(self, before: Traffic) -> Traffic {
+    pub(crate) fn since(self, before: Traffic) -> Traffic {
         Traffic {
             empty_frames: self.empty_frames - before.empty_frames,
             frames: self.frames - before.frames,
             other: self.other - before.other,
             round_frames: self.round_frames - before.round_frames,
             key_reports: self.key_reports - before.key_reports,
+            counted_reports: self.counted_reports - before.counted_reports,
         }
     }
 }

@@ -1234,6 +1234,48 @@ fn rounds_visit_only_keys_with_activity() {
     );
 }
 
+/// A frame repeats a key's counts for [`REPEAT`] rounds after they change, and no longer:
+/// the room a quiet sliding key holds moves to each new sub-slot, and reporting that must
+/// not send its counts again (anti-entropy repairs counts a peer missed).
+#[test]
+fn a_frame_sends_a_keys_counts_only_while_they_are_new() {
+    let log = Limit::new(Algorithm::SlidingWindowLog, 100, 8 * SECOND, None).unwrap();
+    let mut sim = Sim::new(3, vec![("log".to_owned(), vec![log])], Params::default(), 5);
+    sim.advance(300 * MS);
+    let first = sim.now / (SECOND / 2);
+    let mut admitted = 0;
+    for key in 0..30 {
+        // A window's first check on a new key may wait for a starter: no matter.
+        admitted += u64::from(sim.check(key % 3, "log", &format!("k{key}"), 1).allowed());
+        sim.advance(MS);
+    }
+    let last = sim.now / (SECOND / 2);
+    assert!(admitted > 0);
+    sim.advance(SECOND);
+    let before = sim.traffic;
+    sim.advance(3 * SECOND);
+    let t = sim.traffic.since(before);
+    // The keys hold room, which moves at every sub-slot edge (each 0.5 s).
+    assert!(t.key_reports >= 30, "{t:?}");
+    assert_eq!(t.counted_reports, 0, "{t:?}");
+    // A full frame (every 5K rounds) makes its receivers complete for its sender: each node
+    // sends each peer the counts of every key it admitted.
+    let params = Params::default();
+    let every = 5 * params.full_every * params.round;
+    sim.advance(every - sim.now % every - 10 * MS);
+    let before = sim.traffic;
+    sim.advance(60 * MS);
+    let t = sim.traffic.since(before);
+    assert_eq!(t.counted_reports, 2 * admitted, "{t:?}");
+    for i in 0..3 {
+        let counted: u64 = (0..30)
+            .flat_map(|key| (first..=last).map(move |slot| (key, slot)))
+            .map(|(key, slot)| sim.node(i).known_total("log", 0, &format!("k{key}"), slot))
+            .sum();
+        assert_eq!(counted, admitted, "node {i}");
+    }
+}
+
 /// The tiers of an API's users: every algorithm at 60 per second, and the hybrid of a bucket
 /// of 10/s with bursts of 20 and a sliding log of 300 a minute.
 fn rules_tiers() -> Vec<(String, Vec<Limit>)> {
@@ -1261,13 +1303,14 @@ fn rules_tiers() -> Vec<(String, Vec<Limit>)> {
 
 /// `users` users of every rule send bursts of 1 to 5 checks, `bursts` a second, each burst
 /// to a random node, for `dur`; every check after the first 300 ms is judged, per rule.
+/// Returns the judges, and what the nodes sent.
 fn quiet_users(
     nodes: usize,
     seed: u64,
     users: u64,
     bursts: u64,
     dur: Nanos,
-) -> Vec<(String, Judge)> {
+) -> (Vec<(String, Judge)>, crate::cluster::sim::Traffic) {
     let rules = rules_tiers();
     let mut judges: Vec<(String, Judge)> = rules
         .iter()
@@ -1296,7 +1339,7 @@ fn quiet_users(
             judge.check(name, &key, node, nodes, now, 1, &d, true);
         }
     }
-    judges
+    (judges, sim.traffic)
 }
 
 /// What [`quiet_users`] found, per rule: (rule, far from the limit, false denials, of which
@@ -1305,6 +1348,7 @@ fn quiet_table(nodes: usize, seeds: std::ops::RangeInclusive<u64>) -> Vec<(Strin
     let mut table: Vec<(String, u64, u64, u64)> = Vec::new();
     for seed in seeds {
         for (i, (rule, j)) in quiet_users(nodes, seed, 200, 300, 6 * SECOND)
+            .0
             .into_iter()
             .enumerate()
         {
@@ -1351,6 +1395,28 @@ fn quiet_users_far_from_their_limits_are_admitted_at_once() {
                 _ => assert!(denied * 100 < far, "{what}"),
             }
         }
+    }
+}
+
+/// What quiet users cost the network: key reports and bytes sent, with the false denials,
+/// for 3 nodes and 2,000 users over 10 s (`cargo test --release --lib quiet_users_traffic --
+/// --ignored --nocapture`).
+#[test]
+#[ignore = "a measurement: prints what quiet users cost the network"]
+fn quiet_users_traffic() {
+    for seed in 1..=3 {
+        let (judges, t) = quiet_users(3, seed, 2_000, 300, 10 * SECOND);
+        let denied: u64 = judges.iter().map(|(_, j)| j.false_denials).sum();
+        let far: u64 = judges.iter().map(|(_, j)| j.must_admit).sum();
+        println!(
+            "seed {seed}: {} key reports ({} with counts) in {} frames, {} B of frames, {} B \
+             other; {denied} of {far} checks far from the limit denied",
+            t.key_reports,
+            t.counted_reports,
+            t.round_frames,
+            t.frames + t.empty_frames,
+            t.other
+        );
     }
 }
 
