@@ -30,8 +30,9 @@ use crate::counter::{Actor, Delta, Digest};
 /// starters (`open`) and carries its base eras (`eras`), and a bucket limit's report the
 /// share of the burst its sender holds (`burst`) and the tokens its bucket lacks (`short`).
 /// Version 7: the aggregation tree's sums carry its members' bases (`bases`, `since`, and
-/// each entry's `based`).
-pub const WIRE_VERSION: u8 = 7;
+/// each entry's `based`). Version 8: a round frame says through which round its sender holds
+/// each peer's complete state (`acks`), so a change is repeated only until every peer has it.
+pub const WIRE_VERSION: u8 = 8;
 
 /// The largest frame, version byte included: 1 MiB. A delta of one short key with one dot
 /// takes ~40 bytes, so a frame holds ~25,000 of them; a digest of one rule takes at most
@@ -237,6 +238,11 @@ pub struct RoundFrame {
     pub want_full: Vec<String>,
     /// Per key: demand, own counts and holdings.
     pub keys: Vec<KeyReport>,
+    /// For each member of the sender's view but the sender, in the order of their node ids:
+    /// `round - c` if the sender holds that member's complete state through round `c` (at
+    /// most 254), else 255. Read only by a receiver whose view of `round` is the same (the
+    /// same members): it then knows which entry is its own.
+    pub acks: Vec<u8>,
 }
 
 /// One key's inputs in a [`RoundFrame`].
@@ -426,6 +432,7 @@ mod tests {
                     parts,
                     want_full: vec!["node-2".into()],
                     keys,
+                    acks: vec![0, 255],
                 },
             )
     }
@@ -532,7 +539,7 @@ mod tests {
         assert!(matches!(err, WireError::Version(3)));
         assert_eq!(
             err.to_string(),
-            "frame version 3 is not supported (this node speaks version 7)"
+            "frame version 3 is not supported (this node speaks version 8)"
         );
     }
 

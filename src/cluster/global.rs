@@ -113,6 +113,9 @@ pub struct Params {
     /// Visit every key at every boundary and instant, instead of only the keys something
     /// happened to (see [`Global::tick`]). For tests that check the two agree.
     pub visit_all: bool,
+    /// Repeat a change only until every peer has said it holds it (`RoundFrame::acks`);
+    /// `false` repeats every change for [`REPEAT`] rounds. For tests that compare the two.
+    pub acks: bool,
 }
 
 impl Default for Params {
@@ -124,6 +127,7 @@ impl Default for Params {
             full_every: DEFAULT_FULL_EVERY,
             on_partition: OnPartition::Hold,
             visit_all: false,
+            acks: true,
         }
     }
 }
@@ -709,6 +713,11 @@ struct Peer {
     complete_to: Option<u64>,
     /// The last round whose frame was applied (older frames arriving late are ignored).
     applied: Option<u64>,
+    /// The round through which the peer's last applied frame said it holds this node's
+    /// complete state (`RoundFrame::acks`; 0: none said). It decides only how long this
+    /// node repeats a change: a receiver judges its completeness itself, and asks for a full
+    /// frame when it is not complete.
+    acked: u64,
     /// The view hash of each applied round, for the consistency check (last few only).
     views: BTreeMap<u64, u64>,
     /// What each applied round's frame said of the peer's starters (`RoundFrame::open`).
@@ -749,6 +758,7 @@ impl Peer {
             frames: BTreeMap::new(),
             complete_to: None,
             applied: None,
+            acked: 0,
             views: BTreeMap::new(),
             opens: BTreeMap::new(),
             eras: Vec::new(),
@@ -1808,6 +1818,17 @@ impl Global {
             .map(|(node, _)| node.clone())
             .collect();
         let boundary_time = n * self.params.round;
+        // A change goes out in the frame of its round and is repeated while some peer may
+        // lack it: for up to `REPEAT - 1` rounds, less once every peer this node waits for
+        // has said it holds this node's state through a later round (`acks`).
+        let acked = st
+            .peers
+            .values()
+            .filter(|p| !p.suspected && self.participates(p))
+            .map(|p| if self.params.acks { p.acked } else { 0 })
+            .min()
+            .unwrap_or(n);
+        let fresh_from = (n + 1).saturating_sub(REPEAT).max(acked + 1).min(n);
         let default = default_share(self.participants.load(Ordering::Relaxed));
         // A node with a base moves to a new era when its participants change: the slots
         // first allotted from this round on are split over the new count (design §3.3.1).
@@ -1915,15 +1936,16 @@ impl Global {
                 // A full frame makes its receivers complete for this node (nothing it missed
                 // before is still missing): it names every key with something to say, each
                 // with all its counts. Otherwise a key's counts go out in the frames of the
-                // rounds they changed in and the `REPEAT - 1` after, and a key listed for a
-                // change of room or demand alone leaves them out.
-                let counts = full || (n as u8).wrapping_sub(k.counts_in) < REPEAT as u8;
+                // rounds they changed in and the repeats after (from `fresh_from` on), and a
+                // key listed for a change of room or demand alone leaves them out.
+                let counts =
+                    full || u64::from((n as u8).wrapping_sub(k.counts_in)) <= n - fresh_from;
                 let counted = || {
                     k.limits
                         .iter()
                         .any(|s| matches!(s, LState::Window(w) if !w.own.is_empty()))
                 };
-                let listed = k.changed_in + REPEAT > n || (full && (!idle || counted()));
+                let listed = k.changed_in >= fresh_from || (full && (!idle || counted()));
                 if listed {
                     let limits = k
                         .limits
@@ -1988,7 +2010,18 @@ impl Global {
         st.boundary = Some(n);
         let chunks = split_by(keys, PART_BYTES, report_bytes);
         let parts = chunks.len() as u32;
-        let since = (!full).then(|| n.saturating_sub(REPEAT - 1));
+        let since = (!full).then_some(fresh_from);
+        // What this node holds of each member of its view, in node id order (the members a
+        // receiver with the same view lists the same way).
+        let acks: Vec<u8> = st
+            .peers
+            .values()
+            .filter(|p| self.participates(p))
+            .map(|p| match p.complete_to {
+                Some(c) if c <= n && n - c < 255 => (n - c) as u8,
+                _ => 255,
+            })
+            .collect();
         let mut out: Vec<Output> = chunks
             .into_iter()
             .enumerate()
@@ -2004,6 +2037,7 @@ impl Global {
                     parts,
                     want_full: want_full.clone(),
                     keys,
+                    acks: acks.clone(),
                 }))
             })
             .collect();
@@ -2025,6 +2059,21 @@ impl Global {
 
     /// Applies a peer's round (all its parts): counts as dots, reports as the latest inputs.
     fn apply_round(&self, st: &mut RoundState, node: &str, parts: Vec<RoundFrame>, now: Nanos) {
+        // This node's entry in the frame's `acks`, if the sender's view of the round is this
+        // node's (then its members, less the sender, are this node's participants and itself).
+        let ack_index = parts
+            .first()
+            .filter(|f| st.my_views.get(&f.round) == Some(&f.view))
+            .map(|_| {
+                st.peers
+                    .iter()
+                    .filter(|(name, p)| {
+                        name.as_str() != node
+                            && self.participates(p)
+                            && name.as_str() < self.me.node.as_str()
+                    })
+                    .count()
+            });
         let RoundState {
             counters,
             peers,
@@ -2047,6 +2096,7 @@ impl Global {
             parts: first.parts,
             want_full: Vec::new(),
             keys: Vec::new(),
+            acks: Vec::new(),
         };
         let agree = parts.iter().all(|f| {
             f.from == p.actor
@@ -2055,11 +2105,16 @@ impl Global {
                 && f.view == view
                 && f.open == open
                 && f.eras == header.eras
+                && f.acks == first.acks
         });
         if !agree || p.applied.is_some_and(|a| a >= round) {
             return;
         }
         p.applied = Some(round);
+        p.acked = ack_index
+            .and_then(|i| first.acks.get(i))
+            .filter(|&&d| d != 255)
+            .map_or(0, |&d| round.saturating_sub(u64::from(d)));
         if wants_me {
             *full_requested = true;
         }

@@ -101,6 +101,9 @@ pub struct Sim {
     pub bytes_sent: Vec<u64>,
     /// Encoded bytes sent by all nodes, by kind of message ([`Traffic`]).
     pub traffic: Traffic,
+    /// With a key set, the round frames that reported it, as (sender, round), one per frame
+    /// sent (not per copy): what a test watches to see how often a change goes out.
+    pub watch: Option<(String, Vec<(usize, u64)>)>,
     rules: Vec<(String, Vec<Limit>)>,
     params: Params,
     generations: Vec<u64>,
@@ -148,6 +151,7 @@ impl Sim {
             rejects: 0,
             bytes_sent: vec![0; n],
             traffic: Traffic::default(),
+            watch: None,
             rules,
             params,
             generations: vec![1; n],
@@ -316,6 +320,11 @@ impl Sim {
                     .filter(|k| k.limits.iter().any(|l| !l.counts.is_empty()))
                     .count();
                 self.traffic.counted_reports += (counted * targets.len()) as u64;
+                if let Some((key, seen)) = &mut self.watch
+                    && f.keys.iter().any(|k| k.key == *key)
+                {
+                    seen.push((from, f.round));
+                }
             }
             for to in targets {
                 self.bytes_sent[from] += frame.len() as u64;

@@ -322,6 +322,7 @@ fn hostile_messages_are_refused() {
             part: 0,
             parts: 1,
             want_full: vec![],
+            acks: vec![],
             keys: vec![],
         })
     };
@@ -364,6 +365,7 @@ fn hostile_messages_are_refused() {
         part: 0,
         parts: 1,
         want_full: vec![],
+        acks: vec![],
         keys: vec![
             KeyReport {
                 rule: "api".into(),
@@ -416,6 +418,7 @@ fn hostile_messages_are_refused() {
         part: 0,
         parts: 1,
         want_full: vec![],
+        acks: vec![],
         keys: vec![KeyReport {
             rule: "api".into(),
             key: "k".into(),
@@ -671,6 +674,7 @@ mod hostile {
                     part: 0,
                     parts: 1,
                     want_full: vec![],
+                    acks: vec![],
                     keys,
                 })
             })
@@ -1273,6 +1277,52 @@ fn a_frame_sends_a_keys_counts_only_while_they_are_new() {
             .map(|(key, slot)| sim.node(i).known_total("log", 0, &format!("k{key}"), slot))
             .sum();
         assert_eq!(counted, admitted, "node {i}");
+    }
+}
+
+/// On a healthy cluster a change goes out in its round's frame and the next one: by then
+/// every peer's frame has said it holds the first (`acks`), so there is no third.
+#[test]
+fn a_change_every_peer_has_is_not_repeated() {
+    let rules = vec![("w".to_owned(), vec![fixed(1000, 3600 * SECOND)])];
+    let reported = |acks: bool| {
+        let params = Params {
+            acks,
+            ..Params::default()
+        };
+        let mut sim = Sim::new(3, rules.clone(), params, 3);
+        sim.advance(2 * SECOND + 50 * MS - sim.now % (100 * MS));
+        sim.watch = Some(("k".to_owned(), Vec::new()));
+        assert!(sim.check(0, "w", "k", 1).allowed());
+        sim.advance(2 * SECOND);
+        let w = sim.now / (3600 * SECOND);
+        for i in 0..3 {
+            assert_eq!(sim.node(i).known_total("w", 0, "k", w), 1, "node {i}");
+        }
+        let (_, seen) = sim.watch.take().unwrap();
+        seen
+    };
+    let acked = reported(true);
+    let repeated = reported(false);
+    // Node 0 counts the check and its demand moves for a round or two; the others' holdings
+    // follow. Each change goes out once more with acks, twice more without.
+    for node in 0..3 {
+        let rounds = |seen: &[(usize, u64)]| -> Vec<u64> {
+            seen.iter()
+                .filter(|(n, _)| *n == node)
+                .map(|(_, r)| *r)
+                .collect()
+        };
+        let (a, r) = (rounds(&acked), rounds(&repeated));
+        assert!(
+            a.iter().all(|x| r.contains(x)),
+            "node {node}: {a:?} against {r:?}"
+        );
+        let last = |v: &[u64]| v.iter().copied().max().unwrap_or(0);
+        assert!(
+            !a.is_empty() && last(&a) < last(&r),
+            "node {node}: {a:?} against {r:?}"
+        );
     }
 }
 
