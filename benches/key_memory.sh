@@ -8,7 +8,10 @@
 #
 # For each ALGORITHM and MODE a fresh node serves one rule `km` of that algorithm:
 # `standalone` is a node without gossip and the rule `scope = "local"`; `cluster` is
-# `gossamer serve --gossip 127.0.0.1:PORT+1` with no peers and the rule `scope = "global"`.
+# `gossamer serve --gossip 127.0.0.1:PORT+1` with no peers and the rule `scope = "global"`;
+# `mesh3` is three such nodes formed into one cluster (node i on PORT+10i, gossip PORT+10i+1,
+# seeded with node 0), each sent a third of the keys: every node tracks every key (its own,
+# and those the others report), so its row is its RSS growth per key of the cluster.
 # The rule keeps a key checked once non-fresh for the whole run, so nothing is evicted:
 # windows and the log 1000 per PERIOD (1h; a fixed window run is started after the window's
 # edge if it would cross it), buckets 1000 per 10 d (a token refills in 864 s). After a
@@ -20,8 +23,8 @@
 # it depends on where NKEYS falls against a power of two; a clustered run varies by ±25%
 # between runs: take several), then cluster / standalone per algorithm.
 #
-# Environment: NKEYS (100000), ALGORITHMS (all five), MODES ("standalone cluster"), PORT
-# (17300: HTTP; PORT+1 gossip, PORT+2 QUIC, all checked free), CONNS (8), SETTLE (10),
+# Environment: NKEYS (100000), ALGORITHMS (all five), MODES ("standalone cluster"; add mesh3),
+# PORT (17300: HTTP; PORT+1 gossip, PORT+2 QUIC, all checked free), CONNS (8), SETTLE (10),
 # PERIOD (1h), BIN (a gossamer binary to measure instead of building this checkout's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,8 +37,10 @@ SETTLE=${SETTLE:-10}
 PERIOD=${PERIOD:-1h}
 WORK=$(mktemp -d -t gossamer-key-memory.XXXXXX)
 PID=
+PIDS=()
 cleanup() {
     if [[ -n $PID ]] && kill -0 "$PID" 2>/dev/null; then kill "$PID"; wait "$PID" || true; fi
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null && wait "$p" || true; done
     rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -70,12 +75,14 @@ else
 fi
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 keys_held() {
-    curl -s "http://127.0.0.1:$PORT/metrics" | awk '$1 == "gossamer_active_keys{rule=\"km\"}" { print $2 }'
+    curl -s "http://127.0.0.1:${1:-$PORT}/metrics" | awk '$1 == "gossamer_active_keys{rule=\"km\"}" { print $2 }'
 }
 ports_free() {
-    local p
-    for p in "$PORT" $((PORT + 1)) $((PORT + 2)); do
-        [[ -z $(ss -Hltun "sport = :$p") ]] || return 1
+    local p base
+    for base in "$PORT" $((PORT + 10)) $((PORT + 20)); do
+        for p in "$base" $((base + 1)) $((base + 2)); do
+            [[ -z $(ss -Hltun "sport = :$p") ]] || return 1
+        done
     done
 }
 start() {
@@ -93,6 +100,35 @@ start() {
     exit 1
 }
 stop() { kill "$PID"; wait "$PID" || true; PID=; }
+# Three clustered nodes, ready, each seeing three members alive.
+start_mesh3() {
+    local i http
+    for _ in $(seq 1 50); do ports_free && break; sleep 0.1; done
+    ports_free || { echo "ports $PORT-$((PORT + 22)) are in use: set PORT" >&2; exit 1; }
+    for i in 0 1 2; do
+        "$WORK/gossamer" serve --config "$WORK/km.toml" --node-id "km-$i" \
+            --http "127.0.0.1:$((PORT + 10 * i))" --gossip "127.0.0.1:$((PORT + 10 * i + 1))" \
+            --seeds "127.0.0.1:$((PORT + 1))" >"$WORK/log-$i" 2>&1 &
+        PIDS+=($!)
+    done
+    for i in 0 1 2; do
+        http=$((PORT + 10 * i))
+        for _ in $(seq 1 300); do
+            curl -sf -o /dev/null "http://127.0.0.1:$http/readyz" &&
+                curl -s "http://127.0.0.1:$http/metrics" |
+                grep -qx 'gossamer_cluster_members{state="alive"} 3' && continue 2
+            sleep 0.1
+        done
+        echo "node km-$i did not join a cluster of three:" >&2
+        cat "$WORK/log-$i" >&2
+        exit 1
+    done
+}
+stop_mesh3() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p"; wait "$p" || true; done
+    PIDS=()
+}
 seconds() { local n=${1%[smhd]}; case $1 in *m) n=$((n * 60)) ;; *h) n=$((n * 3600)) ;; *d) n=$((n * 86400)) ;; esac; echo "$n"; }
 
 declare -A GROWTH
@@ -112,6 +148,7 @@ period = \"$PERIOD\"" ;;
             standalone) scope=local cluster= ;;
             cluster) scope=global cluster="[cluster]
 gossip = \"127.0.0.1:$((PORT + 1))\"" ;;
+            mesh3) scope=global cluster= ;;
             *) echo "unknown mode $mode" >&2; exit 2 ;;
         esac
         cat >"$WORK/km.toml" <<TOML
@@ -129,6 +166,35 @@ TOML
             p=$(seconds "$PERIOD") need=$((NKEYS / 2000 + SETTLE + 20))
             left=$((p - $(date +%s) % p))
             if ((left < need)); then echo "waiting ${left}s for the window edge" >&2; sleep $((left + 1)); fi
+        fi
+        if [[ $mode == mesh3 ]]; then
+            start_mesh3
+            declare -a before keys0
+            for i in 0 1 2; do
+                python3 "$WORK/client.py" $((PORT + 10 * i)) km "wrm$i-" 700 "$CONNS" >/dev/null
+            done
+            sleep 2
+            for i in 0 1 2; do
+                before[i]=$(rss_kib "${PIDS[i]}") keys0[i]=$(keys_held $((PORT + 10 * i)))
+            done
+            clients=()
+            for i in 0 1 2; do
+                python3 "$WORK/client.py" $((PORT + 10 * i)) km "key$i-" $((NKEYS / 3)) \
+                    $(((CONNS + 2) / 3)) >"$WORK/result-$i" &
+                clients+=($!)
+            done
+            wait "${clients[@]}"
+            sleep "$SETTLE"
+            for i in 0 1 2; do
+                after=$(rss_kib "${PIDS[i]}") keys1=$(keys_held $((PORT + 10 * i)))
+                echo "$alg $mode node $i: $(cat "$WORK/result-$i")" >&2
+                sent=$((3 * (NKEYS / 3)))
+                per=$(((after - ${before[i]}) * 1024 / sent))
+                GROWTH[$alg,$mode,$i]=$per
+                echo "| $alg | $mode km-$i | $((keys1 - ${keys0[i]})) | ${before[i]} | $after | $per | $(sed -E 's/.*non200=([0-9]+).*/\1/' "$WORK/result-$i") |"
+            done
+            stop_mesh3
+            continue
         fi
         start
         python3 "$WORK/client.py" "$PORT" km wrm- 2000 "$CONNS" >/dev/null
