@@ -873,8 +873,6 @@ struct RoundState {
     excluded: Vec<Actor>,
     /// A peer asked for a full frame.
     full_requested: bool,
-    /// The round of the last full frame this node sent for a view change or an ask.
-    last_full: Option<u64>,
     /// Per limit label, the floor last passed to `Counters::forget_before`.
     floors: HashMap<String, u64>,
     /// Dormant keys to list again at the boundary of a round, as (rule index, key): the
@@ -1015,7 +1013,6 @@ impl Global {
                 participated: Vec::new(),
                 excluded: Vec::new(),
                 full_requested: false,
-                last_full: None,
                 floors: HashMap::new(),
                 wakes: BTreeMap::new(),
                 shared_inputs: None,
@@ -1809,23 +1806,11 @@ impl Global {
             kept: false,
             ..phase
         });
-        // A full frame after a view change or when a peer asks for one, but at most once
-        // every K rounds (what comes meanwhile waits): on a loaded machine with many keys,
-        // views that changed every few rounds (peers' frames late, suspected, heard again)
-        // had every node send full frames of every key at each change, which made every
-        // frame later still, and the cluster never caught up again. And every 5K rounds.
-        let due = st
-            .last_full
-            .is_none_or(|last| n >= last + self.params.full_every.max(1));
-        let asked = due && (st.view_changed || st.full_requested);
-        let full = asked || n.is_multiple_of(5 * self.params.full_every.max(1));
-        if full {
-            st.view_changed = false;
-            st.full_requested = false;
-        }
-        if asked {
-            st.last_full = Some(n);
-        }
+        let full = st.view_changed
+            || st.full_requested
+            || n.is_multiple_of(5 * self.params.full_every.max(1));
+        st.view_changed = false;
+        st.full_requested = false;
         let want_full: Vec<String> = st
             .peers
             .iter()

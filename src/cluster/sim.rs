@@ -104,8 +104,6 @@ pub struct Sim {
     /// With a key set, the round frames that reported it, as (sender, round), one per frame
     /// sent (not per copy): what a test watches to see how often a change goes out.
     pub watch: Option<(String, Vec<(usize, u64)>)>,
-    /// Full round frames (`since: None`) each node sent, parts counted once.
-    pub full_frames: Vec<u64>,
     rules: Vec<(String, Vec<Limit>)>,
     params: Params,
     generations: Vec<u64>,
@@ -154,7 +152,6 @@ impl Sim {
             bytes_sent: vec![0; n],
             traffic: Traffic::default(),
             watch: None,
-            full_frames: vec![0; n],
             rules,
             params,
             generations: vec![1; n],
@@ -323,9 +320,6 @@ impl Sim {
                     .filter(|k| k.limits.iter().any(|l| !l.counts.is_empty()))
                     .count();
                 self.traffic.counted_reports += (counted * targets.len()) as u64;
-                if f.since.is_none() && f.part == 0 {
-                    self.full_frames[from] += 1;
-                }
                 if let Some((key, seen)) = &mut self.watch
                     && f.keys.iter().any(|k| k.key == *key)
                 {

@@ -1326,45 +1326,6 @@ fn a_change_every_peer_has_is_not_repeated() {
     }
 }
 
-/// A node whose view keeps changing (a peer's frames come and go, so it suspects and
-/// clears it by turns), or that a peer keeps asking, sends at most one full frame every
-/// `full_every` rounds: on a loaded machine full frames of every key from every node at each
-/// change made every frame later, the peers stayed suspected, and the cluster never caught
-/// up (design §10, "Frames carry absolute counts").
-#[test]
-fn full_frames_go_out_at_most_once_in_k_rounds() {
-    let rules = vec![("w".to_owned(), vec![fixed(1000, 3600 * SECOND)])];
-    let mut sim = Sim::new(3, rules, Params::default(), 9);
-    sim.advance(SECOND);
-    for key in 0..50 {
-        sim.check(key % 3, "w", &format!("k{key}"), 1);
-    }
-    sim.advance(SECOND);
-    let before = sim.full_frames.clone();
-    // Node 1 hears node 0 for 200 ms, then nothing for 400 ms (it suspects it after 3
-    // rounds), five times over.
-    for _ in 0..5 {
-        sim.net.cut.insert((0, 1));
-        sim.advance(400 * MS);
-        sim.net.cut.remove(&(0, 1));
-        sim.advance(200 * MS);
-    }
-    let sent: Vec<u64> = (0..3).map(|i| sim.full_frames[i] - before[i]).collect();
-    // 3 s of rounds: one full frame a second at most, and the periodic one every 5 s.
-    assert!(
-        sent.iter().all(|&s| s <= 4),
-        "full frames sent in 3 s: {sent:?}"
-    );
-    sim.advance(2 * SECOND);
-    let w = sim.now / (3600 * SECOND);
-    for i in 0..3 {
-        for key in [0, 49] {
-            let total = sim.node(i).known_total("w", 0, &format!("k{key}"), w);
-            assert_eq!(total, 1, "node {i} key {key}");
-        }
-    }
-}
-
 /// The tiers of an API's users: every algorithm at 60 per second, and the hybrid of a bucket
 /// of 10/s with bursts of 20 and a sliding log of 300 a minute.
 fn rules_tiers() -> Vec<(String, Vec<Limit>)> {
