@@ -208,8 +208,8 @@ pub struct Counters {
     rules: Vec<(String, Option<u64>)>,
     slots: HashTable<Slot>,
     hasher: foldhash::fast::RandomState,
-    /// Dots from peers that claimed this node's own actor, refused (only this node knows its
-    /// own count; a higher claim is a bug or an attack).
+    /// Dots from peers that claimed this node's own actor above its count, refused (only this
+    /// node knows its own count; a higher claim is a bug or an attack).
     refused: u64,
 }
 
@@ -266,8 +266,9 @@ impl Counters {
     /// dot again, or an older one, changes nothing. Dots for slots older than the rule's floor
     /// ([`Counters::forget_before`]) are ignored, and so are zero counts.
     ///
-    /// A dot for this node's own actor is refused and counted ([`Counters::refused`]): only
-    /// this node raises its own count.
+    /// A dot for this node's own actor changes nothing: only this node raises its own count.
+    /// One above that count is refused and counted ([`Counters::refused`]); one at or below
+    /// it is a peer's repair echoing it back.
     pub fn apply(&mut self, slot: SlotId, dot: Dot<Actor>) -> bool {
         self.apply_at(&slot.rule, &slot.key, slot.slot, &dot.actor, dot.counter)
     }
@@ -275,7 +276,10 @@ impl Counters {
     /// [`Counters::apply`] by borrowed slot id and dot.
     pub fn apply_at(&mut self, rule: &str, key: &str, slot: u64, actor: &Actor, n: u64) -> bool {
         if actor == self.me() {
-            self.refused += 1;
+            // A repair echoes this node's own counts back: only a claim above them is refused.
+            if n > self.own_at(rule, key, slot) {
+                self.refused += 1;
+            }
             return false;
         }
         if n == 0 || self.is_forgotten(rule, slot) {
