@@ -110,6 +110,8 @@ pub enum Visit {
     List,
     /// Keep it, not listed: later listed visits pass it by until it is listed again.
     Unlist,
+    /// Keep it, listed or not as it was.
+    Keep,
 }
 
 /// A dropped store (a rule removed or redefined by a reload) gives its keys back to the budget
@@ -410,6 +412,12 @@ impl<V> Store<V> {
                             inner.listed.push(name);
                         }
                         Visit::Unlist => e.listed = false,
+                        // `visit_all` took every name off the list: put a listed one back.
+                        Visit::Keep => {
+                            if e.listed {
+                                inner.listed.push(name);
+                            }
+                        }
                     }
                 }
             }

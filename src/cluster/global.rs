@@ -44,8 +44,13 @@ use crate::wire::{KeyReport, LimitReport, Message, RoundFrame};
 pub const DEFAULT_ROUND: Nanos = 100 * MILLISECOND;
 /// Default settle time δ from a boundary to its instant.
 pub const DEFAULT_SETTLE: Nanos = 25 * MILLISECOND;
-/// A peer whose frames are missing for this many rounds in a row is suspected.
+/// A peer that sends nothing for this many rounds in a row is suspected.
 pub const DEFAULT_SUSPECT_AFTER: u32 = 3;
+/// A peer whose frames keep coming, but each after the instant of its round (a peer too busy
+/// to keep time, or whose clock is behind), is suspected only once it has missed this many
+/// times `suspect_after` instants in a row: until then its lateness degrades rounds, and a
+/// suspicion, each of which changes the view at every node, does not come and go with it.
+pub const LATE_SUSPECT_FACTOR: u32 = 10;
 /// Every this many rounds a node sends a digest (anti-entropy), and every five times as many a
 /// full frame (a peer that misses more frames than [`REPEAT`] covers asks for one sooner).
 pub const DEFAULT_FULL_EVERY: u64 = 10;
@@ -104,7 +109,8 @@ pub struct Params {
     pub round: Nanos,
     /// Settle δ: how long after a boundary its instant comes (`L + P + ε ≤ δ`).
     pub settle: Nanos,
-    /// Missing frames in a row before a peer is suspected (M).
+    /// Rounds in a row with nothing from a peer before it is suspected (M); a peer whose
+    /// frames come late is suspected after [`LATE_SUSPECT_FACTOR`] times as many.
     pub suspect_after: u32,
     /// Rounds between full frames and anti-entropy digests (K).
     pub full_every: u64,
@@ -724,8 +730,12 @@ struct Peer {
     opens: BTreeMap<u64, Option<u32>>,
     /// The base eras its last applied frame published (`RoundFrame::eras`).
     eras: Vec<(u64, u32)>,
-    /// Rounds missed in a row.
+    /// Instants in a row without its frame of the round.
     missed: u32,
+    /// Instants in a row before which nothing came from it since the instant before.
+    silent: u32,
+    /// Part of a round frame came (of any round in range) since the last instant.
+    heard: bool,
     suspected: bool,
     /// Last report per rule index, per key: demand and per-limit holdings.
     reports: Vec<HashMap<String, Summary, foldhash::fast::RandomState>>,
@@ -763,6 +773,8 @@ impl Peer {
             opens: BTreeMap::new(),
             eras: Vec::new(),
             missed: 0,
+            silent: 0,
+            heard: false,
             suspected: false,
             reports: (0..rules).map(|_| HashMap::default()).collect(),
             returned: (0..rules).map(|_| HashMap::default()).collect(),
@@ -878,10 +890,17 @@ struct RoundState {
     /// Dormant keys to list again at the boundary of a round, as (rule index, key): the
     /// round their windowed limits' slots move (see [`dormant_until`]).
     wakes: BTreeMap<u64, Vec<(usize, Box<str>)>>,
+    /// Keys a degraded instant found waiting only to be allotted, as (rule index, key): listed
+    /// again at the next consistent instant, so that the degraded ones between do not visit
+    /// them each round.
+    unallotted: Vec<(usize, Box<str>)>,
     /// A hash of what the last consistent instant's allotments read besides each key's own
     /// inputs; an instant that finds it changed visits every key (a degraded instant between
     /// allots nothing, so the comparison is with the last one that did).
     shared_inputs: Option<u64>,
+    /// A degraded instant found every key's inputs changed: the next consistent instant
+    /// visits every key (a degraded one allots none, so it visits only the listed keys).
+    visit_all_due: bool,
 }
 
 /// Global admission for every global rule of a node. See the module docs.
@@ -1015,7 +1034,9 @@ impl Global {
                 full_requested: false,
                 floors: HashMap::new(),
                 wakes: BTreeMap::new(),
+                unallotted: Vec::new(),
                 shared_inputs: None,
+                visit_all_due: false,
             }),
             me,
             params,
@@ -1579,6 +1600,7 @@ impl Global {
                         p.leads.pop_front();
                     }
                 }
+                p.heard = true;
                 p.frames.insert((frame.round, frame.part), frame);
                 // Keep only rounds that can still be applied.
                 let oldest = current.saturating_sub(3);
@@ -1854,10 +1876,15 @@ impl Global {
         let mut keys = Vec::new();
         let mut visits = 0;
         for r in &self.rules {
-            let mut visit = |key: &str, k: &mut GKey| -> bool {
-                if !full && quiet_boundary(r, k, n, boundary_time) {
-                    return true;
+            let mut visit = |key: &str, k: &mut GKey| -> Visit {
+                // A quiet key publishes nothing new; a full frame names it all the same, and
+                // leaves it listed or not as it was (its report changes nothing at the peers,
+                // and nothing here lists it for the instant).
+                let quiet = quiet_boundary(r, k, n, boundary_time);
+                if quiet && !full {
+                    return Visit::List;
                 }
+                let changed_in = k.changed_in;
                 k.demand = smooth(k.demand, k.arrivals);
                 k.arrivals = 0;
                 let mut helds: SmallVec<[Pairs; 1]> = SmallVec::with_capacity(r.limits.len());
@@ -1975,21 +2002,19 @@ impl Global {
                 }
                 k.counts_dirty = false;
                 k.sent = if idle { None } else { Some((k.demand, helds)) };
-                !full || self.keep(r, k, n, now)
+                if full && !self.keep(r, k, n, now) {
+                    Visit::Drop
+                } else if quiet && k.changed_in == changed_in {
+                    Visit::Keep
+                } else {
+                    Visit::List
+                }
             };
             visits += if all {
-                r.store.visit_all(|key, k| {
-                    if visit(key, k) {
-                        Visit::List
-                    } else {
-                        Visit::Drop
-                    }
-                })
+                r.store.visit_all(&mut visit)
             } else {
-                r.store.visit_listed(|key, k| {
-                    visit(key, k);
-                    Visit::List
-                })
+                // Not full: every visited key stays listed (the instant decides).
+                r.store.visit_listed(&mut visit)
             };
         }
         st.stats.key_visits += visits as u64;
@@ -2167,6 +2192,7 @@ impl Global {
             let mut helds: SmallVec<[Pairs; 1]> = SmallVec::with_capacity(rule.limits.len());
             let mut returned = Vec::new();
             let mut bad = false;
+            let mut raised = false;
             for (li, (l, lr)) in rule.limits.iter().zip(&report.limits).enumerate() {
                 if l.kind == Kind::Bucket {
                     // A bucket reports the share it holds (none: the default) and the tokens
@@ -2209,7 +2235,7 @@ impl Global {
                         continue;
                     }
                     let before = counters.refused();
-                    counters.apply_at(&l.label, &report.key, slot, &frame.from, count);
+                    raised |= counters.apply_at(&l.label, &report.key, slot, &frame.from, count);
                     stats.own_dots_refused += counters.refused() - before;
                 }
                 // Room held: at most the limit, in the current or the next slot (a closed
@@ -2230,6 +2256,38 @@ impl Global {
             }
             let idle = report.demand == 0 && helds.iter().all(|h| h.is_empty());
             let active = !idle || report.limits.iter().any(|lr| !lr.counts.is_empty());
+            // A report that says what this node already holds of the peer (a full frame
+            // repeats every key the peer holds) changes no input: the key is not listed, so a
+            // full frame costs its receiver no visit of the keys it did not change. Nor is it
+            // marked known: the instant that last found it idle read the same report and
+            // counts (a count raised since, or a changed report, listed it for the next).
+            let old = match replaced.get(ri) {
+                Some(old) => old.get(&report.key),
+                None => p.reports[ri].get(&report.key),
+            };
+            let unchanged = !raised
+                && returned.is_empty()
+                && match old {
+                    Some((demand, old_helds)) => {
+                        !idle && *demand == report.demand && *old_helds == helds
+                    }
+                    None => idle,
+                };
+            if unchanged
+                && rule
+                    .store
+                    .update_stored(&report.key, |k| {
+                        if !idle {
+                            k.remote_round = k.remote_round.max(round);
+                        }
+                    })
+                    .map_or(!active, |()| true)
+            {
+                if !idle {
+                    p.reports[ri].insert(report.key, (report.demand, helds));
+                }
+                continue;
+            }
             let touch = |k: &mut GKey| {
                 k.inputs_changed = true;
                 // In use as of this round: no starter until an instant finds it idle
@@ -2290,15 +2348,25 @@ impl Global {
         let mut suspicion_changed = false;
         for p in st.peers.values_mut() {
             let has = p.complete_to == Some(n) || p.views.contains_key(&n);
+            let heard = std::mem::take(&mut p.heard);
             if has {
                 p.missed = 0;
+                p.silent = 0;
                 if p.suspected {
                     p.suspected = false;
                     suspicion_changed = true;
                 }
             } else {
+                // Silent, or only late: a late frame degrades the round but is no sign the
+                // peer is gone (design §3.3.4).
                 p.missed = p.missed.saturating_add(1);
-                if !p.suspected && p.missed >= self.params.suspect_after {
+                p.silent = if heard { 0 } else { p.silent.saturating_add(1) };
+                let late_limit = self
+                    .params
+                    .suspect_after
+                    .saturating_mul(LATE_SUSPECT_FACTOR);
+                if !p.suspected && (p.silent >= self.params.suspect_after || p.missed >= late_limit)
+                {
                     p.suspected = true;
                     suspicion_changed = true;
                 }
@@ -2451,6 +2519,11 @@ impl Global {
         });
         // Allot every key. The participants, this node first, then peers in node order.
         let boundary_next = (n + 1) * self.params.round;
+        if consistent {
+            for (ri, key) in std::mem::take(&mut st.unallotted) {
+                self.rules[ri].store.list(&key);
+            }
+        }
         let st_ref: &RoundState = st;
         let parts: Vec<Part<'_>> = std::iter::once(Part {
             node: &self.me.node,
@@ -2499,13 +2572,21 @@ impl Global {
         }
         h.u64(st_ref.hold_from.map_or(u64::MAX, |f| f));
         let shared_inputs = h.finish();
-        let all = regrown
-            || suspicion_changed
+        let inputs_moved = suspicion_changed
             || st_ref.hold_from != hold_from_before
             || st_ref.shared_inputs != Some(shared_inputs)
-            || (consistent && !renewable)
-            || self.params.visit_all;
+            || (consistent && !renewable);
+        // A degraded instant ends starters and refreshes counts, which only listed keys need
+        // (a key with a starter or changed inputs is listed); every key's visit waits for the
+        // next consistent instant, which allots. Visiting every key at each degraded instant
+        // after a view change made those instants as slow as a full visit (100,000 keys),
+        // slow rounds made late frames, and late frames more view changes.
+        let all = regrown
+            || self.params.visit_all
+            || (consistent && (inputs_moved || st_ref.visit_all_due));
+        let defer_all = !consistent && inputs_moved;
         let mut wakes = Vec::new();
+        let mut unallotted = Vec::new();
         let mut visits = 0;
         for (ri, r) in self.rules.iter().enumerate() {
             let mut allot = |key: &str, k: &mut GKey| {
@@ -2649,7 +2730,22 @@ impl Global {
             };
             let visit = |key: &str, k: &mut GKey| -> Visit {
                 allot(key, k);
-                match dormant_until(r, k, n, now, self.params.round, all_reachable) {
+                let dormant = dormant_until(r, k, n, now, self.params.round, all_reachable, true);
+                let waiting = || dormant_until(r, k, n, now, self.params.round, false, false);
+                match dormant {
+                    // Degraded, and nothing to do but be allotted: listed again at the next
+                    // consistent instant (or its slot's edge, whichever comes first).
+                    None if !consistent
+                        && !all
+                        && let Some(wake) = waiting() =>
+                    {
+                        unallotted.push((ri, Box::<str>::from(key)));
+                        if wake != u64::MAX && k.wake != wake {
+                            k.wake = wake;
+                            wakes.push((wake, ri, Box::<str>::from(key)));
+                        }
+                        Visit::Unlist
+                    }
                     None => Visit::List,
                     Some(wake) => {
                         if wake != u64::MAX && k.wake != wake {
@@ -2676,8 +2772,12 @@ impl Global {
         for (wake, ri, key) in wakes {
             st.wakes.entry(wake).or_default().push((ri, key));
         }
+        st.unallotted.extend(unallotted);
         if consistent {
             st.shared_inputs = Some(shared_inputs);
+            st.visit_all_due = false;
+        } else if defer_all {
+            st.visit_all_due = true;
         }
         st.stats.key_visits += visits as u64;
         if let Some(nodes) = hold_nodes {
@@ -3404,6 +3504,10 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
 /// sliding counter, whose budget fades with time, holds nothing and charges no unreachable
 /// member a ghost (`all_reachable`). Bucket keys have no time-driven visit: shares move only
 /// on reports.
+///
+/// With `allotted` false, whether it would be dormant once allotted: the same, except that
+/// its inputs may have changed and its windowed limits may not be allotted for the slots
+/// the next instant reads (a degraded instant allots nothing).
 fn dormant_until(
     rule: &GRule,
     k: &GKey,
@@ -3411,11 +3515,12 @@ fn dormant_until(
     now: Nanos,
     round: Nanos,
     all_reachable: bool,
+    allotted: bool,
 ) -> Option<u64> {
     let idle = k.arrivals == 0
         && k.demand == 0
         && !k.counts_dirty
-        && !k.inputs_changed
+        && !(allotted && k.inputs_changed)
         && k.changed_in + REPEAT <= n + 1
         && k.sent.as_ref().is_none_or(|(d, _)| *d == 0);
     if !idle {
@@ -3441,10 +3546,11 @@ fn dormant_until(
             }
             LState::Window(w) => {
                 let cur = l.slot(now);
-                if w.leased_for != Some((cur, l.slot(boundary_next))) {
+                if allotted && w.leased_for != Some((cur, l.slot(boundary_next))) {
                     return None;
                 }
-                if l.kind == Kind::Counter
+                if allotted
+                    && l.kind == Kind::Counter
                     && !(all_reachable
                         && w.own.is_empty()
                         && w.others.iter().all(|(_, c)| *c == 0)

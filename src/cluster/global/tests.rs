@@ -1326,6 +1326,119 @@ fn a_change_every_peer_has_is_not_repeated() {
     }
 }
 
+/// A peer whose frames keep coming, each after the instant of its round (here its clock is
+/// 70 ms behind, so its frame of round n leaves 20 ms after the others' instant), degrades
+/// rounds but is not suspected until it has missed [`LATE_SUSPECT_FACTOR`] times M
+/// instants; a suspicion that came and went with each late frame would change every node's
+/// view each time (design §3.3.4). A silent peer is suspected after M.
+#[test]
+fn a_peer_whose_frames_come_late_is_suspected_only_after_a_long_while() {
+    let rules = vec![("w".to_owned(), vec![fixed(1000, 3600 * SECOND)])];
+    let mut sim = Sim::new(3, rules, Params::default(), 7);
+    sim.advance(SECOND);
+    assert!(sim.node(0).suspected().is_empty());
+    let degraded = sim.node(0).stats().degraded_rounds;
+    sim.skew[2] = -70 * MS as i64;
+    let late_limit = u64::from(DEFAULT_SUSPECT_AFTER * LATE_SUSPECT_FACTOR) * DEFAULT_ROUND;
+    sim.advance(late_limit - 5 * DEFAULT_ROUND);
+    for i in 0..2 {
+        assert!(
+            sim.node(i).suspected().is_empty(),
+            "node {i} suspects {:?}",
+            sim.node(i).suspected()
+        );
+    }
+    assert!(
+        sim.node(0).stats().degraded_rounds > degraded + 10,
+        "the late frames degrade rounds"
+    );
+    sim.advance(10 * DEFAULT_ROUND);
+    for i in 0..2 {
+        assert_eq!(sim.node(i).suspected(), vec!["node-2"], "node {i}");
+    }
+    // Silent: suspected after M rounds (and a round for the instant).
+    sim.skew[2] = 0;
+    sim.advance(2 * SECOND);
+    assert!(sim.node(0).suspected().is_empty());
+    sim.partition(&[2]);
+    sim.advance(u64::from(DEFAULT_SUSPECT_AFTER + 1) * DEFAULT_ROUND);
+    assert_eq!(sim.node(0).suspected(), vec!["node-2"]);
+}
+
+/// While rounds are degraded (here by a peer whose frames all come late), a key waiting only
+/// to be allotted is not visited each round: the degraded instants allot nothing, so it waits
+/// unlisted for the next consistent instant. Visiting such keys at every round made a
+/// degraded stretch as slow as a full visit, and slow rounds late frames (design §2.2).
+#[test]
+fn degraded_rounds_do_not_visit_keys_waiting_to_be_allotted() {
+    let rules = vec![("w".to_owned(), vec![fixed(1000, 3600 * SECOND)])];
+    let mut sim = Sim::new(3, rules, Params::default(), 13);
+    sim.advance(SECOND);
+    sim.skew[2] = -70 * MS as i64;
+    sim.advance(5 * DEFAULT_ROUND);
+    let keys = 300;
+    for key in 0..keys {
+        // Degraded: no starter, so most are refused; no matter.
+        sim.check(key % 2, "w", &format!("k{key}"), 1);
+    }
+    // Demand fades in a few rounds; then each key only waits to be allotted.
+    sim.advance(10 * DEFAULT_ROUND);
+    let before = sim.node(0).stats();
+    sim.advance(10 * DEFAULT_ROUND);
+    let after = sim.node(0).stats();
+    assert!(sim.node(0).suspected().is_empty());
+    assert_eq!(
+        after.consistent_rounds, before.consistent_rounds,
+        "all degraded"
+    );
+    let visits = after.key_visits - before.key_visits;
+    assert!(visits < 20, "{visits} key visits in 10 degraded rounds");
+    // Once the rounds are consistent again, every key is allotted room: admitted at once.
+    sim.skew[2] = 0;
+    sim.advance(SECOND);
+    assert!(sim.node(0).stats().consistent_rounds > after.consistent_rounds);
+    for key in 0..keys {
+        assert!(
+            sim.check(key % 2, "w", &format!("k{key}"), 1).allowed(),
+            "k{key}"
+        );
+    }
+}
+
+/// A full frame repeats every key its sender holds. A report that says what the receiver
+/// already holds lists no key there, so the instant after a full frame visits only the keys
+/// that changed, not every key (the boundary that sends one visits every key of its own).
+#[test]
+fn a_full_frame_that_changes_nothing_costs_its_receivers_no_visits() {
+    let rules = vec![("w".to_owned(), vec![fixed(1000, 3600 * SECOND)])];
+    let mut sim = Sim::new(3, rules, Params::default(), 9);
+    sim.advance(2 * SECOND);
+    let keys = 600;
+    for key in 0..keys {
+        // A window's first check on a new key may wait for a starter: no matter.
+        sim.check(key % 3, "w", &format!("k{key}"), 1);
+        sim.advance(MS);
+    }
+    sim.advance(2 * SECOND);
+    let params = Params::default();
+    let every = 5 * params.full_every * params.round;
+    // Up to just before the round of a periodic full boundary, then across its instant.
+    sim.advance(every - sim.now % every - 10 * MS);
+    let before: Vec<u64> = (0..3).map(|i| sim.node(i).stats().key_visits).collect();
+    let tracked: Vec<usize> = (0..3).map(|i| sim.node(i).rule_keys(0)).collect();
+    sim.advance(90 * MS);
+    for i in 0..3 {
+        assert!(tracked[i] >= keys / 3, "node {i} tracks {}", tracked[i]);
+        let visits = sim.node(i).stats().key_visits - before[i];
+        // The full boundary visits every key; the instant, next to none.
+        assert!(
+            visits >= tracked[i] as u64 && visits < tracked[i] as u64 + 20,
+            "node {i}: {visits} visits of {} keys",
+            tracked[i]
+        );
+    }
+}
+
 /// The tiers of an API's users: every algorithm at 60 per second, and the hybrid of a bucket
 /// of 10/s with bursts of 20 and a sliding log of 300 a minute.
 fn rules_tiers() -> Vec<(String, Vec<Limit>)> {
