@@ -593,8 +593,9 @@ pub struct GKey {
     /// Own counts changed since the last frame.
     counts_dirty: bool,
     /// The last round whose frame carried a change of own counts, modulo 256: a frame
-    /// repeats the counts for [`REPEAT`] rounds from then, and otherwise leaves them out
-    /// (a wrapped value only makes a frame carry them again).
+    /// repeats the counts while that round is at or after its `since` (until every peer has
+    /// acked it, for at most [`REPEAT`] rounds), and otherwise leaves them out (a wrapped
+    /// value only makes a frame carry them again).
     counts_in: u8,
     /// The last round whose frame carried a change of this key.
     changed_in: u64,
