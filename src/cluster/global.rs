@@ -2274,16 +2274,17 @@ impl Global {
                     }
                     None => idle,
                 };
-            if unchanged
-                && rule
-                    .store
+            let stored = || {
+                rule.store
                     .update_stored(&report.key, |k| {
                         if !idle {
                             k.remote_round = k.remote_round.max(round);
                         }
                     })
-                    .map_or(!active, |()| true)
-            {
+                    .is_some()
+            };
+            // Unchanged, and stored here (or not, and not in use: nothing to track).
+            if unchanged && (stored() || !active) {
                 if !idle {
                     p.reports[ri].insert(report.key, (report.demand, helds));
                 }
@@ -2774,6 +2775,13 @@ impl Global {
             st.wakes.entry(wake).or_default().push((ri, key));
         }
         st.unallotted.extend(unallotted);
+        // A key listed again and unlisted at each of many degraded instants is pushed each
+        // time: keep the list within twice the keys stored.
+        let stored: usize = self.rules.iter().map(|r| r.store.len()).sum();
+        if st.unallotted.len() > 2 * stored + 1024 {
+            st.unallotted.sort_unstable();
+            st.unallotted.dedup();
+        }
         if consistent {
             st.shared_inputs = Some(shared_inputs);
             st.visit_all_due = false;
