@@ -26,6 +26,7 @@
 //! key's lease, its own counts, and the peers' counts copied into the key at the last instant.
 //! It never waits on the network.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,7 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crdts::Dot;
 use smallvec::SmallVec;
 
-use crate::counter::{Actor, Counters, SlotId, StableHasher};
+use crate::counter::{Actor, Counters, SlotId, SlotView, StableHasher};
 use crate::limiter::{
     Algorithm, Decision, Limit, MILLISECOND, Nanos, Verdict, admit_wait, more_restrictive,
 };
@@ -797,32 +798,54 @@ struct HoldRecord {
     claims: Vec<u64>,
 }
 
-/// Lookups of one key's slots of one limit in [`Counters`].
+/// Lookups of one key's slots of one limit in [`Counters`], each slot found once: an
+/// allotment reads the same few slots many times over (a log's budget alone reads 17), and a
+/// lookup hashes the key.
 struct SlotReader<'a> {
     counters: &'a Counters,
     label: &'a str,
     key: &'a str,
+    found: RefCell<SmallVec<[Found<'a>; 4]>>,
 }
 
+/// A slot looked up by a [`SlotReader`], and what was found.
+type Found<'a> = (u64, Option<SlotView<'a>>);
+
 impl<'a> SlotReader<'a> {
+    /// Slots remembered at most (a log's span and the slots leased ahead fit).
+    const REMEMBERED: usize = 24;
+
     fn new(counters: &'a Counters, label: &'a str, key: &'a str) -> SlotReader<'a> {
         SlotReader {
             counters,
             label,
             key,
+            found: RefCell::new(SmallVec::new()),
         }
     }
 
+    fn view(&self, slot: u64) -> Option<SlotView<'a>> {
+        if let Some(&(_, view)) = self.found.borrow().iter().find(|(s, _)| *s == slot) {
+            return view;
+        }
+        let view = self.counters.slot_view(self.label, self.key, slot);
+        let mut found = self.found.borrow_mut();
+        if found.len() < Self::REMEMBERED {
+            found.push((slot, view));
+        }
+        view
+    }
+
     fn total(&self, slot: u64) -> u64 {
-        self.counters.total_at(self.label, self.key, slot)
+        self.view(slot).map_or(0, |v| v.total())
     }
 
     fn others(&self, slot: u64) -> u64 {
-        self.counters.others_at(self.label, self.key, slot)
+        self.view(slot).map_or(0, |v| v.others())
     }
 
     fn count(&self, slot: u64, actor: &Actor) -> u64 {
-        self.counters.count_at(self.label, self.key, slot, actor)
+        self.view(slot).map_or(0, |v| v.count(actor))
     }
 }
 

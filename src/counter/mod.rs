@@ -144,6 +144,33 @@ impl Counts {
     }
 }
 
+/// A slot found in [`Counters`] ([`Counters::slot_view`]): its counts without another lookup.
+#[derive(Clone, Copy, Debug)]
+pub struct SlotView<'a> {
+    counters: &'a Counters,
+    slot: &'a Slot,
+}
+
+impl SlotView<'_> {
+    /// [`Counters::total`] of this slot.
+    pub fn total(&self) -> u64 {
+        self.slot.total
+    }
+
+    /// [`Counters::others`] of this slot.
+    pub fn others(&self) -> u64 {
+        self.slot.total.saturating_sub(self.slot.counts.get(ME))
+    }
+
+    /// [`Counters::count`] of this slot.
+    pub fn count(&self, actor: &Actor) -> u64 {
+        self.counters
+            .actor_ix
+            .get(actor)
+            .map_or(0, |&ix| self.slot.counts.get(ix))
+    }
+}
+
 /// One slot's counter, keyed by (rule index, key, slot).
 #[derive(Clone, Debug)]
 struct Slot {
@@ -315,6 +342,14 @@ impl Counters {
     /// slot.
     pub fn total(&self, slot: &SlotId) -> u64 {
         self.total_at(&slot.rule, &slot.key, slot.slot)
+    }
+
+    /// One slot's counts, looked up once for several reads (`None` for an unknown slot).
+    pub fn slot_view(&self, rule: &str, key: &str, slot: u64) -> Option<SlotView<'_>> {
+        self.find(rule, key, slot).map(|slot| SlotView {
+            counters: self,
+            slot,
+        })
     }
 
     /// [`Counters::total`] by borrowed slot id.
