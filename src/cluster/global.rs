@@ -3239,10 +3239,21 @@ impl Global {
                     *t = (*t).min(even.saturating_add(d.max(1)));
                 }
             }
+            // A participant with no demand that holds its even share already is granted
+            // nothing more: the unit or two above the escrow that its target may add moves
+            // by demand, and granting it only to take it back at the next burst elsewhere
+            // made every burst cost each idle holder a return and a grant (two reports).
             let mut grants: Vec<u64> = targets
                 .iter()
                 .zip(&helds)
-                .map(|(t, h)| t.saturating_sub(*h))
+                .zip(&reachable)
+                .map(|((t, h), &i)| {
+                    if active && !thin && demands[i] == 0 && *h >= even {
+                        0
+                    } else {
+                        t.saturating_sub(*h)
+                    }
+                })
                 .collect();
             let wanted: u64 = grants.iter().copied().fold(0, u64::saturating_add);
             if wanted > free {
