@@ -2745,6 +2745,9 @@ impl Global {
                                     pool = pool.saturating_add(r[li]);
                                 }
                             }
+                            if calm_bucket(&l.limit, demands, &scratch.shares, pool, default) {
+                                continue;
+                            }
                             b.move_share(&l.limit, demands, &scratch.shares, pool, now);
                         }
                     }
@@ -4007,6 +4010,41 @@ fn held_of(held: &[(u64, u64)], which: u64) -> u64 {
     held.iter()
         .find(|(i, _)| *i == which)
         .map_or(0, |(_, s)| *s)
+}
+
+/// A bucket is calm (its shares stay as they are) while every participant holds at least this
+/// many rounds of its demand in tokens, and half its capacity (design §3.5).
+const CALM_ROUNDS: u64 = 8;
+
+/// Whether an instant leaves a bucket's shares and tokens where they are (design §3.5, calm
+/// buckets): someone demands it, nothing was given back in the round's frames (`pool`), and
+/// every participant's `(rate, burst, short)` (`held`, aligned with `demands`) shows at least
+/// the even burst share `default`, at most half its capacity missing, and [`CALM_ROUNDS`] of
+/// its demand in tokens. A burst anywhere is then served from the tokens there; moving the
+/// rate to where the demand came from, and back once it ended, cost every participant a
+/// report each way for nothing.
+fn calm_bucket(
+    limit: &Limit,
+    demands: &[u64],
+    held: &[(u64, u64, u64)],
+    pool: u64,
+    default: u64,
+) -> bool {
+    pool == 0
+        && demands.iter().any(|&d| d > 0)
+        && held.iter().zip(demands).all(|(&(_, burst, short), &d)| {
+            let cap = tokens_of(limit, burst);
+            burst >= default
+                && short.saturating_mul(2) <= cap
+                && cap.saturating_sub(short) >= d.saturating_mul(CALM_ROUNDS)
+        })
+}
+
+/// The whole tokens of a bucket's capacity that a burst share (out of [`SHARE_ONE`]) holds,
+/// at least one (as [`BState::cap`]).
+fn tokens_of(limit: &Limit, burst: u64) -> u64 {
+    let tokens = u128::from(limit.burst()) * u128::from(burst) / u128::from(SHARE_ONE);
+    u64::try_from(tokens).unwrap_or(u64::MAX).max(1)
 }
 
 /// The step a frame rounds a bucket's missing tokens down to: a 32nd of the burst, at least

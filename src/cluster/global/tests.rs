@@ -266,6 +266,51 @@ fn buckets_share_the_rate_by_demand() {
     assert!(total >= 1000, "{total}");
 }
 
+/// A bucket far from its limit keeps its shares where they are (design §3.5, calm buckets):
+/// a user's bursts of two tokens, each at another node, leave every node its even share of
+/// the rate and the burst, so nothing about the shares goes on the wire. Before, each burst
+/// moved nearly all the rate to its node and back once its demand ended, a report from every
+/// node each way. A hot key still moves them (`buckets_share_the_rate_by_demand`).
+#[test]
+fn a_calm_bucket_keeps_its_shares_where_they_are() {
+    let share = |sim: &Sim, i: usize| -> Option<(u64, u64)> {
+        sim.node(i).rules[0]
+            .store
+            .read("u", |k| match k.map(|k| &k.limits[0]) {
+                Some(LState::Bucket(b)) => Some((b.share, b.burst)),
+                _ => None,
+            })
+    };
+    for seed in 1..=3 {
+        let rules = vec![(
+            "b".into(),
+            vec![bucket(Algorithm::TokenBucket, 60, 60 * SECOND, 60)],
+        )];
+        let mut sim = Sim::new(3, rules, Params::default(), seed);
+        sim.advance(300 * MS);
+        let default = default_share(3);
+        for burst in 0..6 {
+            let at = burst % 3;
+            for _ in 0..2 {
+                let d = sim.check(at, "b", "u", 1);
+                assert!(matches!(d.verdict, Verdict::Admit { wait: 0 }), "{d:?}");
+            }
+            for _ in 0..10 {
+                sim.advance(DEFAULT_ROUND);
+                for i in 0..3 {
+                    if let Some(s) = share(&sim, i) {
+                        assert_eq!(
+                            s,
+                            (default, default),
+                            "seed {seed}, burst {burst} at node {at}: node {i}'s shares"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn sliding_algorithms_hold_their_budget_in_the_cluster() {
     let rules = vec![
@@ -1648,6 +1693,25 @@ fn quiet_users_traffic() {
                 t.other
             );
         }
+    }
+}
+
+/// What each tier alone costs the network under quiet users: key reports a check, 3 nodes,
+/// 400 users of one rule per minute over 10 s (`cargo test --release --lib
+/// quiet_users_traffic_per_rule -- --ignored --nocapture`).
+#[test]
+#[ignore = "a measurement: prints what quiet users of each rule cost the network"]
+fn quiet_users_traffic_per_rule() {
+    for rule in rules_tiers_per(60 * SECOND) {
+        let name = rule.0.clone();
+        let (judges, t) = quiet_users_of(vec![rule], 3, 1, 400, 60, 10 * SECOND);
+        let checks: u64 = judges.iter().map(|(_, j)| j.must_admit).sum();
+        println!(
+            "{name}: {} key reports ({} with counts) for {checks} checks: {:.1} a check",
+            t.key_reports,
+            t.counted_reports,
+            t.key_reports as f64 / checks.max(1) as f64
+        );
     }
 }
 
