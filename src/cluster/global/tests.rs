@@ -266,6 +266,14 @@ fn buckets_share_the_rate_by_demand() {
     assert!(total >= 1000, "{total}");
 }
 
+/// `f` of the state of `key`'s first limit under the first rule at node `i` (`None` if the
+/// node does not hold the key).
+fn first_limit<R>(sim: &Sim, i: usize, key: &str, f: impl FnOnce(Option<&LState>) -> R) -> R {
+    sim.node(i).rules[0]
+        .store
+        .read(key, |k| f(k.map(|k| &k.limits[0])))
+}
+
 /// A bucket far from its limit keeps its shares where they are (design §3.5, calm buckets):
 /// a user's bursts of two tokens, each at another node, leave every node its even share of
 /// the rate and the burst, so nothing about the shares goes on the wire. Before, each burst
@@ -273,13 +281,11 @@ fn buckets_share_the_rate_by_demand() {
 /// node each way. A hot key still moves them (`buckets_share_the_rate_by_demand`).
 #[test]
 fn a_calm_bucket_keeps_its_shares_where_they_are() {
-    let share = |sim: &Sim, i: usize| -> Option<(u64, u64)> {
-        sim.node(i).rules[0]
-            .store
-            .read("u", |k| match k.map(|k| &k.limits[0]) {
-                Some(LState::Bucket(b)) => Some((b.share, b.burst)),
-                _ => None,
-            })
+    let share = |sim: &Sim, i: usize| {
+        first_limit(sim, i, "u", |s| match s {
+            Some(LState::Bucket(b)) => Some((b.share, b.burst)),
+            _ => None,
+        })
     };
     for seed in 1..=3 {
         let rules = vec![(
@@ -1514,21 +1520,10 @@ fn rules_tiers_per(period: Nanos) -> Vec<(String, Vec<Limit>)> {
     ]
 }
 
-/// `users` users of every rule send bursts of 1 to 5 checks, `bursts` a second, each burst
-/// to a random node, for `dur`; every check after the first 300 ms is judged, per rule.
-/// Returns the judges, and what the nodes sent.
+/// `users` users of every rule of `rules` send bursts of 1 to 5 checks, `bursts` a second,
+/// each burst to a random node, for `dur`; every check after the first 300 ms is judged, per
+/// rule. Returns the judges, and what the nodes sent.
 fn quiet_users(
-    nodes: usize,
-    seed: u64,
-    users: u64,
-    bursts: u64,
-    dur: Nanos,
-) -> (Vec<(String, Judge)>, crate::cluster::sim::Traffic) {
-    quiet_users_of(rules_tiers(), nodes, seed, users, bursts, dur)
-}
-
-/// [`quiet_users`] of `rules`.
-fn quiet_users_of(
     rules: Vec<(String, Vec<Limit>)>,
     nodes: usize,
     seed: u64,
@@ -1571,7 +1566,7 @@ fn quiet_users_of(
 fn quiet_table(nodes: usize, seeds: std::ops::RangeInclusive<u64>) -> Vec<(String, u64, u64, u64)> {
     let mut table: Vec<(String, u64, u64, u64)> = Vec::new();
     for seed in seeds {
-        for (i, (rule, j)) in quiet_users(nodes, seed, 200, 300, 6 * SECOND)
+        for (i, (rule, j)) in quiet_users(rules_tiers(), nodes, seed, 200, 300, 6 * SECOND)
             .0
             .into_iter()
             .enumerate()
@@ -1629,13 +1624,11 @@ fn quiet_users_far_from_their_limits_are_admitted_at_once() {
 /// its holding twice per burst.
 #[test]
 fn a_burst_elsewhere_costs_an_idle_holder_at_most_one_change_of_its_room() {
-    let held = |sim: &Sim, i: usize| -> Vec<(u64, u64)> {
-        sim.node(i).rules[0]
-            .store
-            .read("u", |k| match k.map(|k| &k.limits[0]) {
-                Some(LState::Window(w)) => w.published_held.to_vec(),
-                _ => Vec::new(),
-            })
+    let held = |sim: &Sim, i: usize| {
+        first_limit(sim, i, "u", |s| match s {
+            Some(LState::Window(w)) => w.published_held.to_vec(),
+            _ => Vec::new(),
+        })
     };
     for seed in 1..=3 {
         let rules = vec![("fixed".into(), vec![fixed(60, 60 * SECOND)])];
@@ -1680,7 +1673,7 @@ fn quiet_users_traffic() {
     for (per, period) in [("second", SECOND), ("minute", 60 * SECOND)] {
         for seed in 1..=3 {
             let rules = rules_tiers_per(period);
-            let (judges, t) = quiet_users_of(rules, 3, seed, 2_000, 300, 10 * SECOND);
+            let (judges, t) = quiet_users(rules, 3, seed, 2_000, 300, 10 * SECOND);
             let denied: u64 = judges.iter().map(|(_, j)| j.false_denials).sum();
             let far: u64 = judges.iter().map(|(_, j)| j.must_admit).sum();
             println!(
@@ -1704,7 +1697,7 @@ fn quiet_users_traffic() {
 fn quiet_users_traffic_per_rule() {
     for rule in rules_tiers_per(60 * SECOND) {
         let name = rule.0.clone();
-        let (judges, t) = quiet_users_of(vec![rule], 3, 1, 400, 60, 10 * SECOND);
+        let (judges, t) = quiet_users(vec![rule], 3, 1, 400, 60, 10 * SECOND);
         let checks: u64 = judges.iter().map(|(_, j)| j.must_admit).sum();
         println!(
             "{name}: {} key reports ({} with counts) for {checks} checks: {:.1} a check",
