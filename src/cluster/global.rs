@@ -455,10 +455,7 @@ impl BState {
     }
 
     fn cap(&self, limit: &Limit) -> i128 {
-        let unit = i128::from(limit.period()) * i128::from(SHARE_ONE);
-        let share_cap =
-            i128::from(limit.burst()) * i128::from(self.burst) * i128::from(limit.period());
-        share_cap.max(unit)
+        cap_of(limit, self.burst)
     }
 
     fn level_at(&self, limit: &Limit, now: Nanos) -> i128 {
@@ -4040,11 +4037,19 @@ fn calm_bucket(
         })
 }
 
+/// The capacity of a bucket holding `burst` of the burst (out of [`SHARE_ONE`]), in the units
+/// of [`BState::level`]: at least one token.
+fn cap_of(limit: &Limit, burst: u64) -> i128 {
+    let unit = i128::from(limit.period()) * i128::from(SHARE_ONE);
+    let share_cap = i128::from(limit.burst()) * i128::from(burst) * i128::from(limit.period());
+    share_cap.max(unit)
+}
+
 /// The whole tokens of a bucket's capacity that a burst share (out of [`SHARE_ONE`]) holds,
-/// at least one (as [`BState::cap`]).
+/// at least one.
 fn tokens_of(limit: &Limit, burst: u64) -> u64 {
-    let tokens = u128::from(limit.burst()) * u128::from(burst) / u128::from(SHARE_ONE);
-    u64::try_from(tokens).unwrap_or(u64::MAX).max(1)
+    let token = i128::from(limit.period()) * i128::from(SHARE_ONE);
+    u64::try_from(cap_of(limit, burst) / token).unwrap_or(u64::MAX)
 }
 
 /// The step a frame rounds a bucket's missing tokens down to: a 32nd of the burst, at least

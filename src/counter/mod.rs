@@ -354,7 +354,7 @@ impl Counters {
 
     /// [`Counters::total`] by borrowed slot id.
     pub fn total_at(&self, rule: &str, key: &str, slot: u64) -> u64 {
-        self.find(rule, key, slot).map_or(0, |s| s.total)
+        self.slot_view(rule, key, slot).map_or(0, |v| v.total())
     }
 
     /// This node's own count in `slot` (exact: only this node raises it).
@@ -374,10 +374,8 @@ impl Counters {
 
     /// [`Counters::count`] by borrowed slot id.
     pub fn count_at(&self, rule: &str, key: &str, slot: u64, actor: &Actor) -> u64 {
-        let Some(&ix) = self.actor_ix.get(actor) else {
-            return 0;
-        };
-        self.find(rule, key, slot).map_or(0, |s| s.counts.get(ix))
+        self.slot_view(rule, key, slot)
+            .map_or(0, |v| v.count(actor))
     }
 
     /// Everyone else's count in `slot`: [`Counters::total`] less [`Counters::own`] (so also
@@ -388,8 +386,7 @@ impl Counters {
 
     /// [`Counters::others`] by borrowed slot id.
     pub fn others_at(&self, rule: &str, key: &str, slot: u64) -> u64 {
-        self.find(rule, key, slot)
-            .map_or(0, |s| s.total.saturating_sub(s.counts.get(ME)))
+        self.slot_view(rule, key, slot).map_or(0, |v| v.others())
     }
 
     /// Forgets every slot of `rule` older than `slot` (windows that can no longer affect a
