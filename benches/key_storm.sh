@@ -10,7 +10,8 @@
 # each, by a python3 client with CONNS keep-alive connections, all three at once. Then, PROBES
 # times 5 s apart, five new keys are checked at node 0 (all should be admitted: each is far
 # below its limit) and every node's bytes sent and suspected peers are read. Prints per run:
-# the share of the load's checks refused, then per probe the new keys admitted, each node's
+# the share of the load's checks refused, each node's instants and full frames by cause so far,
+# then per probe the new keys admitted, each node's
 # cluster bytes sent per second since the last probe, and the peers each node suspects.
 #
 # Environment: NKEYS (33000), CONNS (3), PROBES (3), RUNS (1), PORT (17300), BIN (a gossamer
@@ -120,6 +121,13 @@ for run in $(seq 1 "$RUNS"); do
     read -r checks refused < <(cat "$WORK"/load-* | awk '{ c += $1; r += $2 } END { print c, r }')
     printf 'run %d: %d new keys at 3 nodes, %.1f%% of their checks refused\n' "$run" "$checks" \
         "$(awk -v r="$refused" -v c="$checks" 'BEGIN { print 100 * r / c }')"
+    for i in 0 1 2; do
+        curl -s "http://127.0.0.1:$((PORT + 10 * i))/metrics" | awk -v node="$i" '
+            $1 ~ /^gossamer_cluster_rounds_total/ { split($1, a, "\""); r[a[2]] = $2 }
+            $1 ~ /^gossamer_cluster_full_frames_total/ { split($1, a, "\""); f[a[2]] = $2 }
+            END { printf "  node %d so far: instants %d consistent, %d degraded; full frames %d for a membership change, %d asked, %d periodic\n",
+                  node, r["consistent"], r["degraded"], f["view_changed"], f["asked"], f["periodic"] }'
+    done
     declare -a sent
     for i in 0 1 2; do sent[i]=$(metric "$i" gossamer_cluster_sent_bytes_total); done
     last=$(date +%s.%N)

@@ -58,6 +58,12 @@ pub const DEFAULT_FULL_EVERY: u64 = 10;
 /// A frame repeats the changes of this many rounds, so up to `REPEAT - 1` lost frames in a
 /// row do not break a receiver's view of the sender.
 pub const REPEAT: u64 = 3;
+/// With acknowledgements, a change is repeated until every peer this node waits for has said
+/// it holds it, for at most this many rounds (1 s at the defaults): a peer whose frames or
+/// ticks ran late for a while fills its gap from the repeats instead of asking for a full
+/// frame, whose visit of every key and size make the next frames later still (design §10,
+/// "A full-frame storm"). A peer silent for longer is suspected by then and not waited for.
+pub const MAX_REPEAT: u64 = 10;
 /// A sliding window log is counted in the cluster per sub-slot of `period / k`, with k the
 /// largest number up to this for which a sub-slot is a whole number of rounds.
 pub const LOG_SUBSLOTS: u64 = 16;
@@ -241,6 +247,24 @@ pub struct Stats {
     /// Keys visited by boundaries and instants: the listed ones (something happened to
     /// them), or every key at a full boundary and after a view change.
     pub key_visits: u64,
+    /// Full frames sent (every key with something to say named, every key visited), by
+    /// cause: a change of this node's view, a peer that asked for one (it missed more of
+    /// this node's frames than the repeats cover), or the periodic one.
+    pub full_frames: FullFrames,
+    /// Instants that visited every key (their inputs moved for all: a view change, a
+    /// suspicion, a side regrown).
+    pub full_instants: u64,
+}
+
+/// Full frames sent, by cause ([`Stats::full_frames`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FullFrames {
+    /// This node's view changed (a member came or went, was suspected or heard again).
+    pub view_changed: u64,
+    /// A peer said it lacks this node's state (`want_full`).
+    pub asked: u64,
+    /// The periodic one, every `5 × full_every` rounds.
+    pub periodic: u64,
 }
 
 /// How a limit counts in the cluster.
@@ -906,11 +930,18 @@ struct RoundState {
     excluded: Vec<Actor>,
     /// A peer asked for a full frame.
     full_requested: bool,
+    /// The round of this node's last full frame: a peer's ask in a frame it built by then is
+    /// not answered again.
+    last_full: Option<u64>,
     /// Per limit label, the floor last passed to `Counters::forget_before`.
     floors: HashMap<String, u64>,
     /// Dormant keys to list again at the boundary of a round, as (rule index, key): the
     /// round their windowed limits' slots move (see [`dormant_until`]).
     wakes: BTreeMap<u64, Vec<(usize, Box<str>)>>,
+    /// The keys each of the last [`MAX_REPEAT`] boundaries published a change of, as (rule
+    /// index, key): a frame that repeats further back than [`REPEAT`] rounds (a peer's acks
+    /// lag) lists them again, since a key goes dormant once [`REPEAT`] rounds have passed.
+    changes: BTreeMap<u64, Vec<(usize, Box<str>)>>,
     /// Keys a degraded instant found waiting only to be allotted, as (rule index, key): listed
     /// again at the next consistent instant, so that the degraded ones between do not visit
     /// them each round.
@@ -1053,8 +1084,10 @@ impl Global {
                 participated: Vec::new(),
                 excluded: Vec::new(),
                 full_requested: false,
+                last_full: None,
                 floors: HashMap::new(),
                 wakes: BTreeMap::new(),
+                changes: BTreeMap::new(),
                 unallotted: Vec::new(),
                 shared_inputs: None,
                 visit_all_due: false,
@@ -1604,7 +1637,17 @@ impl Global {
         }
         match message {
             Message::Round(frame) => {
-                if frame.round + 2 < current || frame.round > current + 2 {
+                // A late frame is still applied (if nothing newer was) while the repeats of
+                // the frames after it reach back to it: it fills its receiver's gap, which
+                // would otherwise take a full frame. Frames queue behind a long tick here, so
+                // one that came on time can be handled rounds later.
+                if frame.round + MAX_REPEAT < current || frame.round > current + 2 {
+                    // Too late to apply, but the peer is there: only silence is suspected.
+                    if frame.round < current
+                        && let Some(p) = st.peers.get_mut(peer)
+                    {
+                        p.heard = true;
+                    }
                     return Err(Reject::RoundOutOfRange);
                 }
                 if frame.parts == 0 || frame.parts > MAX_PARTS || frame.part >= frame.parts {
@@ -1613,7 +1656,7 @@ impl Global {
                 let Some(p) = st.peers.get_mut(peer) else {
                     return Err(Reject::NotMember);
                 };
-                if frame.part == 0 {
+                if frame.part == 0 && frame.round + 2 >= current {
                     let boundary = frame.round.saturating_mul(self.params.round);
                     let lead = i128::from(now) - i128::from(boundary);
                     p.leads.push_back(i64::try_from(lead).unwrap_or(i64::MAX));
@@ -1624,7 +1667,7 @@ impl Global {
                 p.heard = true;
                 p.frames.insert((frame.round, frame.part), frame);
                 // Keep only rounds that can still be applied.
-                let oldest = current.saturating_sub(3);
+                let oldest = current.saturating_sub(MAX_REPEAT);
                 p.frames.retain(|(round, _), _| *round >= oldest);
                 Ok(Vec::new())
             }
@@ -1792,7 +1835,7 @@ impl Global {
     }
 
     /// Applies `node`'s buffered frames up to round `n`, in round order; a round with a part
-    /// missing is dropped.
+    /// missing stays buffered (until a newer round is applied, or it leaves the range).
     fn apply_buffered(&self, st: &mut RoundState, node: &str, n: u64, now: Nanos) {
         let frames = match st.peers.get_mut(node) {
             Some(p) => {
@@ -1805,10 +1848,16 @@ impl Global {
         for ((round, _), frame) in frames {
             rounds.entry(round).or_default().push(frame);
         }
-        for (_, parts) in rounds {
+        for (round, parts) in rounds {
             let complete = parts.iter().all(|f| f.parts as usize == parts.len());
             if complete {
                 self.apply_round(st, node, parts, now);
+            } else if let Some(p) = st.peers.get_mut(node) {
+                // Its other parts may still come (a large frame's parts straddled this
+                // instant): kept, it is applied at a later instant if nothing newer was.
+                for f in parts {
+                    p.frames.insert((round, f.part), f);
+                }
             }
         }
     }
@@ -1849,11 +1898,21 @@ impl Global {
             kept: false,
             ..phase
         });
-        let full = st.view_changed
-            || st.full_requested
-            || n.is_multiple_of(5 * self.params.full_every.max(1));
+        let periodic = n.is_multiple_of(5 * self.params.full_every.max(1));
+        let full = st.view_changed || st.full_requested || periodic;
+        let causes = &mut st.stats.full_frames;
+        if st.view_changed {
+            causes.view_changed += 1;
+        } else if st.full_requested {
+            causes.asked += 1;
+        } else if periodic {
+            causes.periodic += 1;
+        }
         st.view_changed = false;
         st.full_requested = false;
+        if full {
+            st.last_full = Some(n);
+        }
         let want_full: Vec<String> = st
             .peers
             .iter()
@@ -1864,14 +1923,17 @@ impl Global {
         // A change goes out in the frame of its round and is repeated while some peer may
         // lack it: for up to `REPEAT - 1` rounds, less once every peer this node waits for
         // has said it holds this node's state through a later round (`acks`).
+        // A suspected peer is still waited for while its last ack is within reach of the
+        // repeats: one back from a stall fills its gap from them.
+        let repeat = if self.params.acks { MAX_REPEAT } else { REPEAT };
         let acked = st
             .peers
             .values()
-            .filter(|p| !p.suspected && self.participates(p))
+            .filter(|p| self.participates(p) && (!p.suspected || p.acked + repeat > n))
             .map(|p| if self.params.acks { p.acked } else { 0 })
             .min()
             .unwrap_or(n);
-        let fresh_from = (n + 1).saturating_sub(REPEAT).max(acked + 1).min(n);
+        let fresh_from = (n + 1).saturating_sub(repeat).max(acked + 1).min(n);
         let default = default_share(self.participants.load(Ordering::Relaxed));
         // A node with a base moves to a new era when its participants change: the slots
         // first allotted from this round on are split over the new count (design §3.3.1).
@@ -1887,6 +1949,15 @@ impl Global {
         for (ri, key) in due.into_values().flatten() {
             self.rules[ri].store.list(&key);
         }
+        // Changes older than a dormant key's last visit that this frame still repeats.
+        // (Kept for every round a frame may repeat: `fresh_from` moves back when a peer's
+        // acks do.)
+        st.changes = st.changes.split_off(&(n + 1).saturating_sub(repeat));
+        let older = fresh_from..(n + 1).saturating_sub(REPEAT).max(fresh_from);
+        for (ri, key) in st.changes.range(older).flat_map(|(_, v)| v) {
+            self.rules[*ri].store.list(key);
+        }
+        let mut changes = Vec::new();
         // A slot that starts now was pre-leased by this node's last instant if that was the
         // previous round's, consistent with every participant reachable: then what it holds
         // of the slot that closes was counted there as spent in the new one (see `carry`).
@@ -1896,12 +1967,12 @@ impl Global {
         let all = full || self.params.visit_all;
         let mut keys = Vec::new();
         let mut visits = 0;
-        for r in &self.rules {
+        for (ri, r) in self.rules.iter().enumerate() {
             let mut visit = |key: &str, k: &mut GKey| -> Visit {
                 // A quiet key publishes nothing new; a full frame names it all the same, and
                 // leaves it listed or not as it was (its report changes nothing at the peers,
                 // and nothing here lists it for the instant).
-                let quiet = quiet_boundary(r, k, n, boundary_time);
+                let quiet = quiet_boundary(r, k, n, boundary_time) && k.changed_in < fresh_from;
                 if quiet && !full {
                     return Visit::List;
                 }
@@ -1975,6 +2046,7 @@ impl Global {
                 if gives_back || k.counts_dirty || !(same || (idle && k.sent.is_none())) {
                     k.changed_in = n;
                     k.inputs_changed = true;
+                    changes.push((ri, Box::<str>::from(key)));
                 }
                 // Demand makes the key in use at the coming instant (no starter meanwhile).
                 k.known |= !idle;
@@ -2039,6 +2111,9 @@ impl Global {
             };
         }
         st.stats.key_visits += visits as u64;
+        if !changes.is_empty() {
+            st.changes.insert(n, changes);
+        }
         let view = self.view(st);
         st.my_views.insert(n, view);
         // Whether this node may hold starters from its last instant, and at what size: the
@@ -2050,7 +2125,7 @@ impl Global {
         while st.my_opens.len() > 4 {
             st.my_opens.pop_first();
         }
-        while st.my_views.len() > 4 {
+        while st.my_views.len() as u64 > MAX_REPEAT + 2 {
             st.my_views.pop_first();
         }
         st.boundary = Some(n);
@@ -2125,6 +2200,7 @@ impl Global {
             peers,
             stats,
             full_requested,
+            last_full,
             ..
         } = st;
         let Some(p) = peers.get_mut(node) else { return };
@@ -2161,7 +2237,12 @@ impl Global {
             .and_then(|i| first.acks.get(i))
             .filter(|&&d| d != 255)
             .map_or(0, |&d| round.saturating_sub(u64::from(d)));
-        if wants_me {
+        // A frame its sender built by the time this node's last full frame left (at the same
+        // boundary) cannot know of it, and still asks: each such ask answered made a full
+        // frame follow a full frame, on a loaded machine a storm of them (design §10).
+        // (Waiting two rounds more for a full frame that runs late cost the simulation's
+        // lossy seeds more denials than it saved.)
+        if wants_me && last_full.is_none_or(|f| round > f) {
             *full_requested = true;
         }
         let frame = RoundFrame {
@@ -2397,9 +2478,11 @@ impl Global {
                 consistent = false;
             }
         }
-        if suspicion_changed {
-            st.view_changed = true;
-        }
+        // A suspicion that comes or goes sends no full frame: a peer that lacks this node's
+        // state after it says so (`want_full`), and one back within the repeats fills its
+        // gap from them. (Each change of a suspicion sent a full frame from every node, whose
+        // size and visit of every key made the next frames late, and late frames more
+        // suspicions: design §10, "A full-frame storm".)
         // Every participant's frame can come: under `split` a member declared dead takes no
         // part, so once every suspect is dead the side is whole again (design §5), and opens
         // starters and allots the open slots among its own members.
@@ -2812,6 +2895,7 @@ impl Global {
             st.visit_all_due = true;
         }
         st.stats.key_visits += visits as u64;
+        st.stats.full_instants += u64::from(all);
         if let Some(nodes) = hold_nodes {
             st.hold_nodes = nodes;
         }

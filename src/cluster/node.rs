@@ -593,6 +593,28 @@ fn mesh_metrics(global: &Global, out: &mut String) {
     );
     family(
         out,
+        "gossamer_cluster_full_frames_total",
+        "counter",
+        "Round frames that named every key with something to say (and visited every key), by \
+         cause: view_changed (a member came, went, or was suspected or heard again), asked (a \
+         peer missed more of this node's frames than the repeats cover), periodic (every 5 s \
+         at the defaults). Many view_changed or asked mean late frames (design.md §3.3.4).",
+        &[
+            ("cause=\"view_changed\"", stats.full_frames.view_changed),
+            ("cause=\"asked\"", stats.full_frames.asked),
+            ("cause=\"periodic\"", stats.full_frames.periodic),
+        ],
+    );
+    family(
+        out,
+        "gossamer_cluster_full_instants_total",
+        "counter",
+        "Round instants that visited every key, because the allocation's shared inputs moved \
+         (the participants, who is reachable, a side regrown).",
+        &[("", stats.full_instants)],
+    );
+    family(
+        out,
         "gossamer_cluster_retired_ghosts_total",
         "counter",
         "Keys charged the ghost of a restarted peer's previous incarnation (its \
