@@ -1238,6 +1238,15 @@ impl Global {
                 || (self.starters_beside_bases.load(Ordering::Acquire) && self.my_base(l, x) == 0))
     }
 
+    /// Whether nobody was based in slot `x` of `l` as of the instant of round `n`: the slot
+    /// could be allotted by then, and no participant's first era reaches it. A fixed
+    /// window's starters there are kept across a late frame as a sliding algorithm's are
+    /// (design §3.3.1): a new cluster's first windows and a restarted node's first one.
+    fn unbased(&self, l: &GLimit, x: u64, n: u64) -> bool {
+        let first = self.first_instant(l, x);
+        first <= n && first < self.based_from.load(Ordering::Acquire)
+    }
+
     /// The base a participant with `eras` holds in slot `x` of `l` (0 where `l` has none).
     fn base_in_eras(&self, l: &GLimit, eras: &[(u64, u32)], x: u64) -> u64 {
         if l.based() {
@@ -1455,7 +1464,10 @@ impl Global {
             Some(g) if base > 0 || !g.is_empty() => g.spendable(),
             // The base: what this node holds of every key it published no holding for.
             None if base > 0 => base.saturating_sub(l.budget(s, now, |x| w.own_in(x))),
-            _ if used == 0 && starter_allowed(l, known, phase) && self.starters_in(l, s) => {
+            _ if used == 0
+                && starter_allowed(l, known, phase, self.unbased(l, s, phase.round))
+                && self.starters_in(l, s) =>
+            {
                 starter(l, participants)
             }
             _ => 0,
@@ -2720,11 +2732,13 @@ impl Global {
                     // one now, but none will next round. Others' counts are refreshed for
                     // `remaining` where they changed.
                     for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
-                        if let LState::Window(w) = s
-                            && (!kept || l.based())
-                        {
+                        if let LState::Window(w) = s {
+                            let ends =
+                                |g: &Grant| !kept || (l.based() && !self.unbased(l, g.slot, n));
                             for g in w.grants.iter_mut().filter(|g| g.starter && g.opened < n) {
-                                g.end_starter();
+                                if ends(g) {
+                                    g.end_starter();
+                                }
                             }
                         }
                     }
@@ -3747,12 +3761,13 @@ fn copy_others(slots: &SlotReader<'_>, l: &GLimit, w: &mut WState, now: Nanos) {
 /// Whether a key nobody holds a lease for may be admitted on first touch under limit `l`
 /// (design §3.3.1, starters): the last instant did not know the key (nobody used it, holds
 /// room of it or asked for it) and was consistent with every participant reachable, or, for
-/// a sliding algorithm, degraded only by a late frame right after such an instant
+/// a sliding algorithm or a fixed window's slot nobody is based in (`unbased`, see
+/// [`Global::unbased`]), degraded only by a late frame right after such an instant
 /// ([`Phase::kept`]). The gap after a boundary included: the next instant charges the starter
 /// to this node whatever it spent (a kept one ends at the boundary). The caller also checks
 /// that no count in the slots the budget reads is known.
-fn starter_allowed(l: &GLimit, known: bool, phase: Phase) -> bool {
-    !known && (phase.consistent || (phase.kept && !l.based()))
+fn starter_allowed(l: &GLimit, known: bool, phase: Phase, unbased: bool) -> bool {
+    !known && (phase.consistent || (phase.kept && (!l.based() || unbased)))
 }
 
 /// Records a check's `decision` in the key: its cost as demand (unless it can never fit) and,

@@ -627,11 +627,16 @@ fn a_new_key_is_admitted_in_the_gap_and_waits_only_after_a_degraded_instant() {
     for _ in 0..5 {
         assert!(sim.check(1, "api", "fresh", 1).allowed());
     }
-    // A peer's frame lost: the instant is degraded and opens no starter; a new key waits
-    // for the next consistent instant, told to retry when it is due.
+    // A peer's frame lost: the instant is degraded. In a window nobody is based in (this
+    // one opened before the cluster's first era), right after a consistent instant, it keeps
+    // the starters open until the next boundary, so a new key is still admitted at once.
     sim.net.cut.insert((2, 0));
     let to_boundary = DEFAULT_ROUND - sim.now % DEFAULT_ROUND;
     sim.advance(to_boundary + DEFAULT_ROUND / 2 + 5 * MS);
+    assert!(sim.check(0, "api", "kept", 1).allowed());
+    // Two degraded instants in a row open no starter: a new key waits for the next
+    // consistent instant, told to retry when it is due.
+    sim.advance(DEFAULT_ROUND);
     sim.net.cut.clear();
     let d = sim.check(0, "api", "late", 1);
     assert!(!d.allowed(), "{d:?}");
@@ -2417,6 +2422,59 @@ fn after_a_late_frame_a_new_sliding_key_is_admitted_at_once() {
         }
         load_logged(&mut sim, &names, "late", &[900; 3], 2 * SECOND, &mut logs);
         assert_sliding_within(&names, &limits, &logs, &format!("seed {seed}"));
+    }
+}
+
+/// A fixed window nobody is based in (here an hour's, opened before the cluster formed) keeps
+/// its starters across a late frame as the sliding algorithms do, and never goes over: under
+/// 15% frame loss, a new key every 20 ms at a random node, then checked flat out at every
+/// node for 300 ms. Without the kept starters a new key at a node whose last instant was degraded
+/// was refused in such a window (a new cluster's first window, of an hour or a day).
+#[test]
+fn starters_kept_across_late_frames_keep_every_unbased_fixed_window() {
+    const C: u64 = 30;
+    let rules = vec![("w".to_owned(), vec![fixed(C, 3600 * SECOND)])];
+    for nodes in [3usize, 5] {
+        let (mut kept, mut first_admitted, mut keys) = (0, 0, 0);
+        for seed in 1..=3u64 {
+            let mut sim = Sim::new(nodes, rules.clone(), Params::default(), seed);
+            sim.advance(2 * SECOND - sim.now % SECOND);
+            sim.net.loss = 150;
+            let mut admitted: Vec<u64> = Vec::new();
+            let start = sim.now;
+            while sim.now < start + 3 * SECOND {
+                sim.advance(MS);
+                let t = sim.now - start;
+                if t.is_multiple_of(20 * MS) {
+                    let first = (sim.random() % nodes as u64) as usize;
+                    let k = admitted.len();
+                    let allowed = sim.check(first, "w", &format!("k{k}"), 1).allowed();
+                    first_admitted += u64::from(allowed);
+                    admitted.push(u64::from(allowed));
+                }
+                let live = (t / (20 * MS)).saturating_sub(15) as usize..admitted.len();
+                for k in live {
+                    for i in 0..nodes {
+                        if sim.random() % 1000 < 600 {
+                            let allowed = sim.check(i, "w", &format!("k{k}"), 1).allowed();
+                            admitted[k] += u64::from(allowed);
+                        }
+                    }
+                }
+            }
+            for (k, &n) in admitted.iter().enumerate() {
+                assert!(n <= C, "{nodes} nodes, seed {seed}, k{k}: {n} admitted");
+            }
+            keys += admitted.len();
+            kept += (0..nodes)
+                .map(|i| sim.nodes[i].as_ref().unwrap().stats().kept_rounds)
+                .sum::<u64>();
+        }
+        assert!(
+            kept >= 10,
+            "{nodes} nodes: {kept} instants kept their starters"
+        );
+        eprintln!("{nodes} nodes: {first_admitted} of {keys} first checks admitted");
     }
 }
 
