@@ -55,8 +55,10 @@ pub const LATE_SUSPECT_FACTOR: u32 = 10;
 /// Every this many rounds a node sends a digest (anti-entropy), and every five times as many a
 /// full frame (a peer that misses more frames than [`REPEAT`] covers asks for one sooner).
 pub const DEFAULT_FULL_EVERY: u64 = 10;
-/// A frame repeats the changes of this many rounds, so up to `REPEAT - 1` lost frames in a
-/// row do not break a receiver's view of the sender.
+/// A key stays listed this many rounds after its last change (a frame repeating further back
+/// lists it again). Without acknowledgements (`Params::acks` false, for tests) a frame repeats
+/// the changes of this many rounds, so up to `REPEAT - 1` lost frames in a row do not break a
+/// receiver's view of the sender.
 pub const REPEAT: u64 = 3;
 /// With acknowledgements, a change is repeated until every peer this node waits for has said
 /// it holds it, for at most this many rounds (1 s at the defaults): a peer whose frames or
@@ -248,8 +250,8 @@ pub struct Stats {
     /// them), or every key at a full boundary and after a view change.
     pub key_visits: u64,
     /// Full frames sent (every key with something to say named, every key visited), by
-    /// cause: a change of this node's view, a peer that asked for one (it missed more of
-    /// this node's frames than the repeats cover), or the periodic one.
+    /// cause: a membership change, a peer that asked for one (it missed more of this node's
+    /// frames than the repeats cover), or the periodic one.
     pub full_frames: FullFrames,
     /// Instants that visited every key (their inputs moved for all: a view change, a
     /// suspicion, a side regrown).
@@ -259,7 +261,7 @@ pub struct Stats {
 /// Full frames sent, by cause ([`Stats::full_frames`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct FullFrames {
-    /// This node's view changed (a member came or went, was suspected or heard again).
+    /// A member joined, left or restarted (a suspicion that comes or goes sends none).
     pub view_changed: u64,
     /// A peer said it lacks this node's state (`want_full`).
     pub asked: u64,
@@ -616,7 +618,7 @@ pub struct GKey {
     counts_dirty: bool,
     /// The last round whose frame carried a change of own counts, modulo 256: a frame
     /// repeats the counts while that round is at or after its `since` (until every peer has
-    /// acked it, for at most [`REPEAT`] rounds), and otherwise leaves them out (a wrapped
+    /// acked it, for at most [`MAX_REPEAT`] rounds), and otherwise leaves them out (a wrapped
     /// value only makes a frame carry them again).
     counts_in: u8,
     /// The last round whose frame carried a change of this key.
@@ -1933,10 +1935,10 @@ impl Global {
             .collect();
         let boundary_time = n * self.params.round;
         // A change goes out in the frame of its round and is repeated while some peer may
-        // lack it: for up to `REPEAT - 1` rounds, less once every peer this node waits for
-        // has said it holds this node's state through a later round (`acks`).
-        // A suspected peer is still waited for while its last ack is within reach of the
-        // repeats: one back from a stall fills its gap from them.
+        // lack it: until every peer this node waits for has said it holds this node's state
+        // through a later round (`acks`), for at most `MAX_REPEAT - 1` rounds. A suspected
+        // peer is still waited for while its last ack is within reach of the repeats: one
+        // back from a stall fills its gap from them.
         let repeat = if self.params.acks { MAX_REPEAT } else { REPEAT };
         let acked = st
             .peers

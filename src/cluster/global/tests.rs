@@ -344,24 +344,7 @@ fn sliding_algorithms_hold_their_budget_in_the_cluster() {
 
 #[test]
 fn hostile_messages_are_refused() {
-    let g = Global::new(
-        Actor::new("a", 1),
-        Params::default(),
-        rules_fixed(),
-        Arc::new(AtomicUsize::new(0)),
-        1000,
-    )
-    .unwrap();
-    let now = START;
-    g.set_members(
-        &[MemberInfo {
-            actor: Actor::new("b", 5),
-            alive: true,
-            left: false,
-            published_through: None,
-        }],
-        now,
-    );
+    let (g, now) = with_peer_b();
     let frame = |from: Actor, round: u64| {
         Message::Round(RoundFrame {
             from,
@@ -2425,6 +2408,15 @@ fn after_a_late_frame_a_new_sliding_key_is_admitted_at_once() {
     }
 }
 
+/// Instants at every running node of `sim` that kept their starters across a late frame.
+fn kept_rounds(sim: &Sim) -> u64 {
+    sim.nodes
+        .iter()
+        .flatten()
+        .map(|g| g.stats().kept_rounds)
+        .sum()
+}
+
 /// A fixed window nobody is based in (here an hour's, opened before the cluster formed) keeps
 /// its starters across a late frame as the sliding algorithms do, and never goes over: under
 /// 15% frame loss, a new key every 20 ms at a random node, then checked flat out at every
@@ -2466,9 +2458,7 @@ fn starters_kept_across_late_frames_keep_every_unbased_fixed_window() {
                 assert!(n <= C, "{nodes} nodes, seed {seed}, k{k}: {n} admitted");
             }
             keys += admitted.len();
-            kept += (0..nodes)
-                .map(|i| sim.nodes[i].as_ref().unwrap().stats().kept_rounds)
-                .sum::<u64>();
+            kept += kept_rounds(&sim);
         }
         assert!(
             kept >= 10,
@@ -2527,9 +2517,7 @@ fn starters_kept_across_late_frames_keep_every_sliding_budget() {
                 let what = format!("{nodes} nodes, seed {seed}, k{k}");
                 assert_sliding_within(&names, &limits, per_rule, &what);
             }
-            kept += (0..nodes)
-                .map(|i| sim.nodes[i].as_ref().unwrap().stats().kept_rounds)
-                .sum::<u64>();
+            kept += kept_rounds(&sim);
         }
         assert!(
             kept >= 10,
