@@ -596,9 +596,10 @@ fn mesh_metrics(global: &Global, out: &mut String) {
         "gossamer_cluster_full_frames_total",
         "counter",
         "Round frames that named every key with something to say (and visited every key), by \
-         cause: view_changed (a member came, went, or was suspected or heard again), asked (a \
-         peer missed more of this node's frames than the repeats cover), periodic (every 5 s \
-         at the defaults). Many view_changed or asked mean late frames (design.md §3.3.4).",
+         cause: view_changed (a member joined, left or restarted; a suspicion sends none), asked \
+         (a peer missed more of this node's frames than the repeats cover), periodic (every \
+         5 s at the defaults). Many asked mean frames late or lost for long stretches \
+         (design.md §3.3.4).",
         &[
             ("cause=\"view_changed\"", stats.full_frames.view_changed),
             ("cause=\"asked\"", stats.full_frames.asked),
