@@ -64,7 +64,7 @@ fn shard_index(hash: u64) -> usize {
 #[derive(Debug)]
 pub struct Store<V> {
     shards: Box<[Shard<V>]>,
-    hasher: foldhash::fast::RandomState,
+    hasher: foldhash::fast::SeedableRandomState,
     /// Keys held, possibly shared with other stores that draw on the same budget.
     keys: Arc<AtomicUsize>,
     max_keys: usize,
@@ -114,6 +114,15 @@ pub enum Visit {
     Keep,
 }
 
+/// How a visit ([`Store::visit_sweeping`]) came to a key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Seen {
+    /// The key was listed.
+    pub listed: bool,
+    /// The key is in the shard this visit sweeps.
+    pub swept: bool,
+}
+
 /// A dropped store (a rule removed or redefined by a reload) gives its keys back to the budget
 /// it shares with the other stores.
 impl<V> Drop for Store<V> {
@@ -146,12 +155,28 @@ impl<V> Store<V> {
                     }),
                 })
                 .collect(),
-            hasher: foldhash::fast::RandomState::default(),
+            hasher: foldhash::fast::SeedableRandomState::random(),
             keys,
             max_keys,
             last_full_sweep: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
         }
+    }
+
+    /// This empty store with its keys hashed from `seed` rather than a random seed, so that
+    /// which shard holds a key, and so the order of visits and which sweep
+    /// ([`Store::visit_sweeping`]) sees it, repeat from run to run (the simulation's). A node
+    /// keeps the random seed: its keys come from clients.
+    pub fn with_hash_seed(mut self, seed: u64) -> Store<V> {
+        debug_assert!(
+            self.is_empty(),
+            "a store's hashing changes only while it is empty"
+        );
+        self.hasher = foldhash::fast::SeedableRandomState::with_seed(
+            seed,
+            foldhash::SharedSeed::global_fixed(),
+        );
+        self
     }
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, ShardInner<V>> {
@@ -343,11 +368,11 @@ impl<V> Store<V> {
     /// says; returns how many keys it visited. Holds a shard's lock for at most
     /// [`VISIT_BATCH`] keys at a time (see [`Store::visit_listed`]); a key added to a shard
     /// after its visit began is left for the next visit (a check lists it).
-    pub fn visit_all(&self, f: impl FnMut(&str, &mut V) -> Visit) -> usize {
-        self.visit_names(false, f, |inner| {
-            inner.listed.clear();
-            inner.table.iter().map(|e| e.key.clone()).collect()
-        })
+    pub fn visit_all(&self, mut f: impl FnMut(&str, &mut V) -> Visit) -> usize {
+        self.visit_names(
+            |k, v, _| f(k, v),
+            |_, inner| (all_names(inner), false, false),
+        )
     }
 
     /// Runs `f` on every listed key (each once), one shard at a time, and drops, keeps
@@ -359,23 +384,41 @@ impl<V> Store<V> {
     /// key of the shard being visited waits for a few keys' visits, not the whole shard's
     /// (a shard of 100,000 active keys holds ~1,600 of them, several ms of round work).
     /// Between batches a check may list a key again; the next visit dedups it.
-    pub fn visit_listed(&self, f: impl FnMut(&str, &mut V) -> Visit) -> usize {
-        self.visit_names(true, f, |inner| {
-            let mut names = std::mem::take(&mut inner.listed);
-            names.sort_unstable();
-            names.dedup();
-            names
+    pub fn visit_listed(&self, mut f: impl FnMut(&str, &mut V) -> Visit) -> usize {
+        self.visit_names(
+            |k, v, _| f(k, v),
+            |_, inner| (listed_names(inner), true, false),
+        )
+    }
+
+    /// [`Store::visit_listed`] (with `every`, [`Store::visit_all`]), and besides every key
+    /// of one shard, `sweep` modulo [`SHARDS`], listed or not. `f` is told how the visit came
+    /// to each key ([`Seen`]). Called with `sweep` counting up, it sweeps every key once per
+    /// [`SHARDS`] calls at a cost of one shard's keys per call, where a whole visit would
+    /// cost every key at once (the cluster's rounds forget their idle keys this way).
+    pub fn visit_sweeping(
+        &self,
+        sweep: u64,
+        every: bool,
+        f: impl FnMut(&str, &mut V, Seen) -> Visit,
+    ) -> usize {
+        let swept = (sweep % SHARDS as u64) as usize;
+        self.visit_names(f, |i, inner| {
+            if every || i == swept {
+                (all_names(inner), false, i == swept)
+            } else {
+                (listed_names(inner), true, false)
+            }
         })
     }
 
     /// Visits, shard by shard, the keys `names` takes out of the shard (under its lock), in
-    /// batches of [`VISIT_BATCH`] under the lock each; with `only_listed`, only those still
-    /// listed.
+    /// batches of [`VISIT_BATCH`] under the lock each; where `names` says so, only those still
+    /// listed. `names` also says whether the shard is the one swept, and `f` is told so.
     fn visit_names(
         &self,
-        only_listed: bool,
-        mut f: impl FnMut(&str, &mut V) -> Visit,
-        mut names: impl FnMut(&mut ShardInner<V>) -> Vec<Box<str>>,
+        mut f: impl FnMut(&str, &mut V, Seen) -> Visit,
+        mut names: impl FnMut(usize, &mut ShardInner<V>) -> (Vec<Box<str>>, bool, bool),
     ) -> usize {
         let mut visited = 0;
         let mut removed = 0;
@@ -385,8 +428,9 @@ impl<V> Store<V> {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
         }
-        for shard in self.shards.iter() {
-            let mut todo = names(&mut lock(shard)).into_iter().peekable();
+        for (i, shard) in self.shards.iter().enumerate() {
+            let (todo, only_listed, swept) = names(i, &mut lock(shard));
+            let mut todo = todo.into_iter().peekable();
             let removed_before = removed;
             while todo.peek().is_some() {
                 let mut inner = lock(shard);
@@ -402,7 +446,11 @@ impl<V> Store<V> {
                     }
                     visited += 1;
                     let e = entry.get_mut();
-                    match f(&e.key, &mut e.value) {
+                    let seen = Seen {
+                        listed: e.listed,
+                        swept,
+                    };
+                    match f(&e.key, &mut e.value, seen) {
                         Visit::Drop => {
                             entry.remove();
                             removed += 1;
@@ -499,6 +547,22 @@ impl<V> Store<V> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// Every key of a shard, for a visit of them all; the shard's list is emptied (a visit keeps
+/// a listed key listed by naming it again).
+fn all_names<V>(inner: &mut ShardInner<V>) -> Vec<Box<str>> {
+    inner.listed.clear();
+    inner.table.iter().map(|e| e.key.clone()).collect()
+}
+
+/// The listed keys of a shard, each once, taken off its list (a visit names again those that
+/// stay listed).
+fn listed_names<V>(inner: &mut ShardInner<V>) -> Vec<Box<str>> {
+    let mut names = std::mem::take(&mut inner.listed);
+    names.sort_unstable();
+    names.dedup();
+    names
 }
 
 /// The value of `key` if the shard holds it, marked as used since the last sweep (and
@@ -784,6 +848,55 @@ mod tests {
         assert_eq!(s.keys.load(Ordering::Relaxed), 2);
         assert_eq!(s.listed(), 1);
         assert_eq!(visit_listed(&s, |_, _| Visit::List), ["b"]);
+    }
+
+    /// A sweeping visit sees the listed keys and, besides, every key of one shard; over
+    /// [`SHARDS`] sweeps every key once. An unlisted key kept stays unlisted.
+    #[test]
+    fn a_sweeping_visit_sees_every_key_once_per_cycle() {
+        let n = 2_000;
+        let s = store(n);
+        for i in 0..n {
+            add(&s, &format!("key-{i}"), 1).unwrap();
+        }
+        listed_add(&s, "key-0", 1);
+        let mut unlisted_seen = std::collections::HashMap::new();
+        let mut listed_seen = 0;
+        for sweep in 0..SHARDS as u64 {
+            s.visit_sweeping(sweep, false, |k, _, seen| {
+                assert!(seen.swept || seen.listed, "{k}");
+                if seen.listed {
+                    listed_seen += 1;
+                    Visit::List
+                } else {
+                    *unlisted_seen.entry(k.to_owned()).or_insert(0) += 1;
+                    Visit::Keep
+                }
+            });
+        }
+        // "key-0" in every sweep (listed), every other key in exactly one.
+        assert_eq!(listed_seen, SHARDS);
+        assert_eq!(unlisted_seen.len(), n - 1);
+        assert!(unlisted_seen.values().all(|&c| c == 1));
+        assert_eq!(s.listed(), 1);
+        // A sweep may drop the unlisted keys it sees.
+        let dropped: usize = (0..SHARDS as u64)
+            .map(|sweep| {
+                let mut d = 0;
+                s.visit_sweeping(sweep, false, |_, _, seen| {
+                    if seen.listed {
+                        Visit::List
+                    } else {
+                        d += 1;
+                        Visit::Drop
+                    }
+                });
+                d
+            })
+            .sum();
+        assert_eq!(dropped, n - 1);
+        assert_eq!(s.len(), 1);
+        assert_eq!(s.keys.load(Ordering::Relaxed), 1);
     }
 
     #[test]

@@ -243,13 +243,15 @@ fn bytes_per_global_key() {
 
 /// Keys that go quiet are forgotten on every node of a cluster once their windows have
 /// passed (buckets: once full again), whichever node checked them, and the heap they took
-/// goes back but for the tables' floors.
+/// goes back but for the tables' floors. A round's boundary sweeps one of the store's 64
+/// shards, so a key is forgotten at most 6.4 s after it could be (design §2.2): here a
+/// sliding counter's key holds its count for up to 3 s.
 #[test]
 fn idle_global_keys_are_forgotten_on_every_node() {
     let _serial = serial();
     let keys: Vec<String> = (0..KEYS / 20).map(|i| format!("user-{i:07}")).collect();
     for (name, limit) in global_limits(SECOND) {
-        let (left, tracked) = cluster_heap(limit, &keys, 3, 10 * SECOND);
+        let (left, tracked) = cluster_heap(limit, &keys, 3, 12 * SECOND);
         let left = left * keys.len() as f64;
         println!("{name}: {left:.0} bytes left per node, {tracked:?} keys tracked");
         assert_eq!(tracked, vec![0; 3], "{name}: keys still tracked");

@@ -38,7 +38,7 @@ use crate::counter::{Actor, Counters, SlotId, SlotView, StableHasher};
 use crate::limiter::{
     Algorithm, Decision, Limit, MILLISECOND, Nanos, Verdict, admit_wait, more_restrictive,
 };
-use crate::store::{Full, Store, Visit};
+use crate::store::{Full, Seen, Store, Visit};
 use crate::wire::{KeyReport, LimitReport, Message, RoundFrame};
 
 /// Default round length T (the gossip interval).
@@ -52,8 +52,8 @@ pub const DEFAULT_SUSPECT_AFTER: u32 = 3;
 /// times `suspect_after` instants in a row: until then its lateness degrades rounds, and a
 /// suspicion, each of which changes the view at every node, does not come and go with it.
 pub const LATE_SUSPECT_FACTOR: u32 = 10;
-/// Every this many rounds a node sends a digest (anti-entropy), and every five times as many a
-/// full frame (a peer that misses more frames than [`REPEAT`] covers asks for one sooner).
+/// Every this many rounds a node sends a digest (anti-entropy of counts). No full frame goes
+/// out on a timer: a peer that misses more frames than the repeats cover asks for one.
 pub const DEFAULT_FULL_EVERY: u64 = 10;
 /// A key stays listed this many rounds after its last change (a frame repeating further back
 /// lists it again). Without acknowledgements (`Params::acks` false, for tests) a frame repeats
@@ -121,7 +121,8 @@ pub struct Params {
     /// Rounds in a row with nothing from a peer before it is suspected (M); a peer whose
     /// frames come late is suspected after [`LATE_SUSPECT_FACTOR`] times as many.
     pub suspect_after: u32,
-    /// Rounds between full frames and anti-entropy digests (K).
+    /// Rounds between anti-entropy digests (K); a key peers reported on in the last 2K rounds
+    /// is not forgotten.
     pub full_every: u64,
     /// What partitions do.
     pub on_partition: OnPartition,
@@ -131,6 +132,9 @@ pub struct Params {
     /// Repeat a change only until every peer has said it holds it (`RoundFrame::acks`);
     /// `false` repeats every change for [`REPEAT`] rounds. For tests that compare the two.
     pub acks: bool,
+    /// Hash keys from this seed rather than a random one (see [`Store::with_hash_seed`]):
+    /// for the simulation, whose runs must repeat exactly.
+    pub hash_seed: Option<u64>,
 }
 
 impl Default for Params {
@@ -143,6 +147,7 @@ impl Default for Params {
             on_partition: OnPartition::Hold,
             visit_all: false,
             acks: true,
+            hash_seed: None,
         }
     }
 }
@@ -247,11 +252,12 @@ pub struct Stats {
     /// Graceful leaves whose final frame was in, so no retirement was charged.
     pub final_leaves: u64,
     /// Keys visited by boundaries and instants: the listed ones (something happened to
-    /// them), or every key at a full boundary and after a view change.
+    /// them) and, at a boundary, one shard's worth of the rest, swept for keys to forget; or
+    /// every key at a full boundary and after a view change.
     pub key_visits: u64,
     /// Full frames sent (every key with something to say named, every key visited), by
-    /// cause: a membership change, a peer that asked for one (it missed more of this node's
-    /// frames than the repeats cover), or the periodic one.
+    /// cause: a membership change, or a peer that asked for one (it missed more of this
+    /// node's frames than the repeats cover).
     pub full_frames: FullFrames,
     /// Instants that visited every key (their inputs moved for all: a view change, a
     /// suspicion, a side regrown).
@@ -265,8 +271,6 @@ pub struct FullFrames {
     pub view_changed: u64,
     /// A peer said it lacks this node's state (`want_full`).
     pub asked: u64,
-    /// The periodic one, every `5 × full_every` rounds.
-    pub periodic: u64,
 }
 
 /// How a limit counts in the cluster.
@@ -1057,10 +1061,14 @@ impl Global {
                     label,
                 });
             }
+            let mut store = Store::new(keys.clone(), max_keys);
+            if let Some(seed) = params.hash_seed {
+                store = store.with_hash_seed(seed);
+            }
             grules.push(GRule {
                 name,
                 limits: glimits,
-                store: Store::new(keys.clone(), max_keys),
+                store,
             });
         }
         let by_name = grules
@@ -1912,15 +1920,15 @@ impl Global {
             kept: false,
             ..phase
         });
-        let periodic = n.is_multiple_of(5 * self.params.full_every.max(1));
-        let full = st.view_changed || st.full_requested || periodic;
+        // No full frame goes out on a timer: a receiver that lacks this node's state asks
+        // for one. A periodic one, sent by every node at the same boundary, made that round's
+        // frames late at every node, and so its instant degraded (design §10).
+        let full = st.view_changed || st.full_requested;
         let causes = &mut st.stats.full_frames;
         if st.view_changed {
             causes.view_changed += 1;
         } else if st.full_requested {
             causes.asked += 1;
-        } else if periodic {
-            causes.periodic += 1;
         }
         st.view_changed = false;
         st.full_requested = false;
@@ -1976,19 +1984,32 @@ impl Global {
         // previous round's, consistent with every participant reachable: then what it holds
         // of the slot that closes was counted there as spent in the new one (see `carry`).
         let pre_leased = phase.open && phase.consistent && st.returns && phase.round + 1 == n;
-        // A full boundary visits (and lists) every key, and is the only one that forgets
-        // keys: a listed visit would never see a dormant one.
+        // A full boundary visits (and lists) every key. Any other visits the listed keys and
+        // sweeps one shard of the rest (a shard a round, every key in `SHARDS` rounds) for
+        // keys to forget: a listed visit alone would never see a dormant one.
         let all = full || self.params.visit_all;
         let mut keys = Vec::new();
         let mut visits = 0;
+        let mut swept_only = 0;
         for (ri, r) in self.rules.iter().enumerate() {
-            let mut visit = |key: &str, k: &mut GKey| -> Visit {
+            // Whether a peer's last report on the key says it is in use there: forgetting the
+            // key here would have its next check take it for a new one.
+            let reported = |key: &str| st.peers.values().any(|p| p.reports[ri].contains_key(key));
+            let mut visit = |key: &str, k: &mut GKey, seen: Seen| -> Visit {
+                // A full boundary and the swept shard forget the keys `keep` lets go.
+                let forget =
+                    |k: &GKey| (full || seen.swept) && !self.keep(r, k, n, now, reported(key));
+                // Swept, not listed: dormant, so nothing to publish (and no visit counted).
+                if !seen.listed && !all {
+                    swept_only += 1;
+                    return if forget(k) { Visit::Drop } else { Visit::Keep };
+                }
                 // A quiet key publishes nothing new; a full frame names it all the same, and
                 // leaves it listed or not as it was (its report changes nothing at the peers,
                 // and nothing here lists it for the instant).
                 let quiet = quiet_boundary(r, k, n, boundary_time) && k.changed_in < fresh_from;
                 if quiet && !full {
-                    return Visit::List;
+                    return if forget(k) { Visit::Drop } else { Visit::List };
                 }
                 let changed_in = k.changed_in;
                 k.demand = smooth(k.demand, k.arrivals);
@@ -2109,7 +2130,7 @@ impl Global {
                 }
                 k.counts_dirty = false;
                 k.sent = if idle { None } else { Some((k.demand, helds)) };
-                if full && !self.keep(r, k, n, now) {
+                if forget(k) {
                     Visit::Drop
                 } else if quiet && k.changed_in == changed_in {
                     Visit::Keep
@@ -2117,14 +2138,10 @@ impl Global {
                     Visit::List
                 }
             };
-            visits += if all {
-                r.store.visit_all(&mut visit)
-            } else {
-                // Not full: every visited key stays listed (the instant decides).
-                r.store.visit_listed(&mut visit)
-            };
+            // Not full: every listed key stays listed (the instant decides).
+            visits += r.store.visit_sweeping(n, all, &mut visit);
         }
-        st.stats.key_visits += visits as u64;
+        st.stats.key_visits += (visits - swept_only) as u64;
         if !changes.is_empty() {
             st.changes.insert(n, changes);
         }
@@ -2185,10 +2202,12 @@ impl Global {
         out
     }
 
-    /// Whether the boundary of round `n` keeps a key: it holds state, or peers reported on it
-    /// recently (it must be allotted, not mistaken for a new key).
-    fn keep(&self, r: &GRule, k: &GKey, n: u64, now: Nanos) -> bool {
-        !k.is_fresh(r, now, self.participants.load(Ordering::Relaxed))
+    /// Whether the boundary of round `n` keeps a key: it holds state, a peer's last report
+    /// says it is in use there (`reported`), or peers reported on it recently (it must be
+    /// allotted, not mistaken for a new key).
+    fn keep(&self, r: &GRule, k: &GKey, n: u64, now: Nanos, reported: bool) -> bool {
+        reported
+            || !k.is_fresh(r, now, self.participants.load(Ordering::Relaxed))
             || k.remote_round + 2 * self.params.full_every >= n
     }
 
@@ -3497,6 +3516,12 @@ impl Global {
         }
         lines.sort_unstable();
         lines
+    }
+
+    /// Has the next boundary send a full frame, as a peer's ask (`want_full`) would.
+    #[cfg(test)]
+    pub(crate) fn ask_full(&self) {
+        self.lock().full_requested = true;
     }
 
     /// Counts of what the round protocol did.

@@ -597,13 +597,11 @@ fn mesh_metrics(global: &Global, out: &mut String) {
         "counter",
         "Round frames that named every key with something to say (and visited every key), by \
          cause: view_changed (a member joined, left or restarted; a suspicion sends none), asked \
-         (a peer missed more of this node's frames than the repeats cover), periodic (every \
-         5 s at the defaults). Many asked mean frames late or lost for long stretches \
-         (design.md §3.3.4).",
+         (a peer missed more of this node's frames than the repeats cover). Many asked mean \
+         frames late or lost for long stretches (design.md §3.3.4).",
         &[
             ("cause=\"view_changed\"", stats.full_frames.view_changed),
             ("cause=\"asked\"", stats.full_frames.asked),
-            ("cause=\"periodic\"", stats.full_frames.periodic),
         ],
     );
     family(

@@ -137,6 +137,11 @@ pub struct Sim {
 impl Sim {
     /// `n` nodes serving `rules`, seeded with `seed`, all formed into one cluster.
     pub fn new(n: usize, rules: Vec<(String, Vec<Limit>)>, params: Params, seed: u64) -> Sim {
+        // Keys hashed from the seed: which round's sweep forgets a key repeats from run to run.
+        let params = Params {
+            hash_seed: params.hash_seed.or(Some(seed)),
+            ..params
+        };
         let mut sim = Sim {
             now: START,
             names: (0..n).map(|i| format!("node-{i}")).collect(),

@@ -1409,13 +1409,13 @@ fn a_frame_sends_a_keys_counts_only_while_they_are_new() {
     // The keys hold room, which moves at every sub-slot edge (each 0.5 s).
     assert!(t.key_reports >= 30, "{t:?}");
     assert_eq!(t.counted_reports, 0, "{t:?}");
-    // A full frame (every 5K rounds) makes its receivers complete for its sender: each node
-    // sends each peer the counts of every key it admitted.
-    let params = Params::default();
-    let every = 5 * params.full_every * params.round;
-    sim.advance(every - sim.now % every - 10 * MS);
+    // A full frame (one a peer asked for) makes its receivers complete for its sender: each
+    // node sends each peer the counts of every key it admitted.
+    for i in 0..3 {
+        sim.node(i).ask_full();
+    }
     let before = sim.traffic;
-    sim.advance(60 * MS);
+    sim.advance(DEFAULT_ROUND);
     let t = sim.traffic.since(before);
     assert_eq!(t.counted_reports, 2 * admitted, "{t:?}");
     for i in 0..3 {
@@ -1628,10 +1628,12 @@ fn a_full_frame_that_changes_nothing_costs_its_receivers_no_visits() {
         sim.advance(MS);
     }
     sim.advance(2 * SECOND);
-    let params = Params::default();
-    let every = 5 * params.full_every * params.round;
-    // Up to just before the round of a periodic full boundary, then across its instant.
-    sim.advance(every - sim.now % every - 10 * MS);
+    // Every node sends a full frame at its next boundary (as if a peer had asked), then
+    // across that round's instant.
+    sim.advance(DEFAULT_ROUND - sim.now % DEFAULT_ROUND - 10 * MS);
+    for i in 0..3 {
+        sim.node(i).ask_full();
+    }
     let before: Vec<u64> = (0..3).map(|i| sim.node(i).stats().key_visits).collect();
     let tracked: Vec<usize> = (0..3).map(|i| sim.node(i).rule_keys(0)).collect();
     sim.advance(90 * MS);
@@ -2589,5 +2591,51 @@ fn a_hot_key_busy_at_other_nodes_gets_its_share_of_the_room_every_round() {
                 _ => assert!(denied * 100 <= 8 * far, "{what}"),
             }
         }
+    }
+}
+
+/// A cluster whose keys went quiet sends no key in its frames, though they hold counts in an
+/// hour's window: no full frame goes out on a timer (one sent by every node at the same
+/// boundary, naming every counted key, made that round's frames late everywhere, design
+/// §10). Its boundaries still sweep the store a shard a round, so keys whose window passed
+/// are forgotten, on every node.
+#[test]
+fn a_quiet_cluster_sends_no_keys_and_forgets_them() {
+    let rules = vec![
+        ("hour".to_owned(), vec![fixed(1000, 3600 * SECOND)]),
+        ("second".to_owned(), vec![fixed(1000, SECOND)]),
+    ];
+    let mut sim = Sim::new(3, rules, Params::default(), 17);
+    sim.advance(2 * SECOND);
+    let keys = 600;
+    for key in 0..keys {
+        for rule in ["hour", "second"] {
+            sim.check(key % 3, rule, &format!("k{key}"), 1);
+        }
+        sim.advance(MS);
+    }
+    sim.advance(SECOND);
+    for rule in 0..2 {
+        let tracked: Vec<usize> = (0..3).map(|i| sim.node(i).rule_keys(rule)).collect();
+        assert!(tracked.iter().all(|&t| t >= keys / 3), "{tracked:?}");
+    }
+    let before: Vec<Stats> = (0..3).map(|i| sim.node(i).stats()).collect();
+    // Their last changes go out in the first rounds; nothing after.
+    sim.advance(5 * SECOND);
+    let quiet = sim.traffic;
+    sim.advance(10 * SECOND);
+    assert_eq!(sim.traffic.since(quiet).key_reports, 0);
+    for (i, before) in before.iter().enumerate() {
+        let after = sim.node(i).stats();
+        assert_eq!(after.full_frames, before.full_frames, "node {i}");
+        assert!(
+            sim.node(i).rule_keys(0) >= keys / 3,
+            "node {i} forgot counted keys"
+        );
+        assert_eq!(
+            sim.node(i).rule_keys(1),
+            0,
+            "node {i} still tracks idle keys"
+        );
     }
 }
