@@ -1334,8 +1334,13 @@ impl Global {
         } else if now < instant {
             instant - now
         } else if !phase.open {
-            // The instant is late (busy, or waiting for a frame): any moment now.
-            MILLISECOND
+            // The instant is late (busy, or waiting for a frame): any moment now, and by half
+            // a round unless this node is too busy to run it. A check held for its lease
+            // waits that long at most: told a millisecond, it was refused after ~12 ms while
+            // the instant that would have admitted it came a few ms later (design §3.3.4).
+            (start + self.latest_settle())
+                .saturating_sub(now)
+                .max(MILLISECOND)
         } else {
             start + t + self.params.settle - now
         }

@@ -2639,3 +2639,39 @@ fn a_quiet_cluster_sends_no_keys_and_forgets_them() {
         );
     }
 }
+
+/// An instant that runs late (here a peer's clock is 40 ms behind, so its frame comes after
+/// δ but within half a round) tells a check in its gap to retry when it is due at the
+/// latest, so a check held for its lease (`Engine::lease_pause`) is still held when it runs,
+/// and admitted then. Told a millisecond, as it was, a held check gave up after ~12 ms and
+/// was refused a few milliseconds before the instant that would have admitted it.
+#[test]
+fn a_check_in_a_late_instants_gap_is_told_to_wait_for_it() {
+    let log = Limit::new(Algorithm::SlidingWindowLog, 100, 3200 * MS, None).unwrap();
+    let mut sim = Sim::new(
+        3,
+        vec![("log".to_owned(), vec![log])],
+        Params::default(),
+        29,
+    );
+    sim.advance(SECOND);
+    // Its frames after every instant: degraded instants, which open no starter.
+    sim.skew[2] = -70 * MS as i64;
+    sim.advance(5 * DEFAULT_ROUND);
+    // Then, once an instant went degraded, within half a round: the next instant is late,
+    // but consistent.
+    let to_boundary = DEFAULT_ROUND - sim.now % DEFAULT_ROUND;
+    sim.advance(to_boundary + 55 * MS);
+    let degraded = sim.node(0).stats().degraded_rounds;
+    sim.skew[2] = -40 * MS as i64;
+    sim.advance(DEFAULT_ROUND - 55 * MS + 30 * MS);
+    assert_eq!(sim.node(0).stats().degraded_rounds, degraded);
+    let d = sim.check(0, "log", "fresh", 1);
+    let Verdict::Deny { retry_after } = d.verdict else {
+        panic!("{d:?}")
+    };
+    assert!(retry_after >= 10 * MS, "{d:?}");
+    sim.advance(retry_after);
+    let d = sim.check(0, "log", "fresh", 1);
+    assert!(d.allowed(), "{d:?}");
+}
