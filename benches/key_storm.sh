@@ -125,8 +125,8 @@ for run in $(seq 1 "$RUNS"); do
         curl -s "http://127.0.0.1:$((PORT + 10 * i))/metrics" | awk -v node="$i" '
             $1 ~ /^gossamer_cluster_rounds_total/ { split($1, a, "\""); r[a[2]] = $2 }
             $1 ~ /^gossamer_cluster_full_frames_total/ { split($1, a, "\""); f[a[2]] = $2 }
-            END { printf "  node %d so far: instants %d consistent, %d degraded; full frames %d for a membership change, %d asked, %d periodic\n",
-                  node, r["consistent"], r["degraded"], f["view_changed"], f["asked"], f["periodic"] }'
+            END { printf "  node %d so far: instants %d consistent, %d degraded; full frames %d for a membership change, %d asked\n",
+                  node, r["consistent"], r["degraded"], f["view_changed"], f["asked"] }'
     done
     declare -a sent
     for i in 0 1 2; do sent[i]=$(metric "$i" gossamer_cluster_sent_bytes_total); done
