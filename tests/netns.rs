@@ -11,9 +11,6 @@
 //! passes. The scenarios run one at a time (a process-wide lock), so their figures are not
 //! disturbed by each other on a small machine. Run with `--nocapture` to see the figures;
 //! with `NETNS_TIMELINE=1` the partition scenarios also print admissions per 100 ms.
-//!
-//! The ignored tests assert what the design promises and fail today; each names the gap
-//! in its `ignore` reason. Run them with `cargo test --test netns -- --ignored --nocapture`.
 
 #[path = "support/env.rs"]
 mod env;
@@ -880,34 +877,16 @@ async fn quiet_users(
 /// 5. Many users far below their limits (design §3.3.3): 2,000 users of the tiers send bursts
 ///    of 1 to 5 checks to random nodes, 60 bursts a second for 6 s. Every 429 is false.
 ///
-///    Asserted: no check fails, and at most a quarter are refused or take over 10 ms. That
-///    bound is loose on purpose: the nodes here are the debug build, whose rounds degrade
-///    under this load in the namespaces (frames later than half a round), and a degraded
-///    round is what refuses a key new at a node (§3.3.3). It catches a cluster that refuses
-///    or holds a key's first checks wherever it lands (a broken starter path: about half of
-///    these checks, in the simulation), not a regression of a few percent. A release build
-///    (`LAB_BIN=target/release/gossamer`) is what
-///    design §3.3.3 reports. The promise (none refused, none over 10 ms) is
-///    `quiet_users_are_never_refused`, ignored until it holds.
+///    Asserted, on a healthy cluster of the debug build (what CI runs): no check fails, is
+///    refused, is held for a lease or takes over 10 ms. What still refuses is in the scenarios
+///    below, reported: a lost frame, a crash, a restart (design §3.3.3); a release build
+///    (`LAB_BIN=target/release/gossamer`) is what design §3.3.3 reports.
 #[test]
-fn quiet_users_are_rarely_refused() {
-    quiet_scenario("quiet", QuietFault::None, |q| {
-        let all = q.all();
-        assert_eq!(q.failed, 0, "checks failed");
-        assert!(all.checks > 600, "too few checks: {all:?}");
-        assert!(all.denied * 4 <= all.checks, "over 25% denied: {all:?}");
-        assert!(all.slow * 4 <= all.checks, "over 25% took 10 ms: {all:?}");
-    });
-}
-
-/// 5b. The promise of 5: no check of a quiet user is refused, held for a lease, or takes over
-///     10 ms.
-#[test]
-#[ignore = "not there yet: a key new at a node after a degraded round (a busy CPU, a lost frame) or while a member is suspected (a crash, a restart) is refused, and one another node began using in the last round is held for its lease (design §3.3.3)"]
 fn quiet_users_are_never_refused() {
     quiet_scenario("quiet-strict", QuietFault::None, |q| {
         let all = q.all();
         assert_eq!(q.failed, 0, "checks failed");
+        assert!(all.checks > 600, "too few checks: {all:?}");
         assert_eq!((all.denied, all.slow), (0, 0), "{all:?}");
         assert_eq!(q.lease_waits, 0, "checks held for a lease");
     });
