@@ -1337,7 +1337,8 @@ impl Global {
             // The instant is late (busy, or waiting for a frame): any moment now, and by half
             // a round unless this node is too busy to run it. A check held for its lease
             // waits that long at most: told a millisecond, it was refused after ~12 ms while
-            // the instant that would have admitted it came a few ms later (design §3.3.4).
+            // the instant that would have admitted it came a few ms later (design §10, "A new
+            // key in the gap").
             (start + self.latest_settle())
                 .saturating_sub(now)
                 .max(MILLISECOND)
