@@ -94,7 +94,9 @@ rule, and `all`:
                 (on a cluster that includes checks held for a round).
     >10ms       checks whose client-side latency was over 10 ms
 
-Then checks and denials per node; for the denials, per rule and node: how many, their
+Then checks and denials per node; on a cluster, the bytes of cluster messages the nodes sent
+(`gossamer_cluster_sent_bytes_total`, summed over the nodes, since they started) per check of
+the load, by message kind; for the denials, per rule and node: how many, their
 `retry_after_ms` (min / median / max), the `remaining` their bodies reported (for a window,
 the cluster-wide room left: near the limit means the node denied with room to spare), when
 in the load they came (s after it began) and the body's `outcome`. Then, per second of the
@@ -603,7 +605,25 @@ def interesting_metric(line):
         return True
     return bool(re.match(r"gossamer_cluster_(rounds_total|tree_rounds_total|"
                          r"suspected_peers|held_share|members|tree_start_frozen|"
-                         r"tree_members|key_visits_total|transport|ticks_total|tick_seconds_total)", line))
+                         r"tree_members|key_visits_total|transport|ticks_total|tick_seconds_total|"
+                         r"sent_bytes_total|full_frames_total)", line))
+
+
+SENT_BYTES = re.compile(r'^gossamer_cluster_sent_bytes_total\{kind="(\w+)"\} (\S+)$')
+
+
+def traffic_per_check(metrics, checks):
+    """Cluster bytes the nodes sent since they started (`gossamer_cluster_sent_bytes_total`,
+    summed over the nodes), per check of the load, by message kind; {} without them."""
+    by_kind = defaultdict(float)
+    for lines in metrics.values():
+        for line in lines:
+            m = SENT_BYTES.match(line)
+            if m:
+                by_kind[m.group(1)] += float(m.group(2))
+    if not by_kind or not checks:
+        return {}
+    return {kind: b / checks for kind, b in sorted(by_kind.items()) if b > 0}
 
 
 # ---------------------------------------------------------------------------- main
@@ -884,6 +904,7 @@ def run(args, binary, work):
         "table": rows, "per_node": per_node,
         "denials": detail, "by_kind": kinds, "timeline": tl, "other_errors": others,
         "metrics": metrics,
+        "cluster_bytes_per_check": traffic_per_check(metrics, len(records)),
     }
 
     if args.json:
@@ -917,6 +938,11 @@ def run(args, binary, work):
         print()
         print("per node: " + ", ".join(f"{p['node']} {p['denied']}/{p['checks']} denied"
                                        for p in per_node))
+        per_check = result["cluster_bytes_per_check"]
+        if per_check:
+            print(f"cluster traffic: {sum(per_check.values()):.0f} B per check, summed over the "
+                  "nodes since they started (" + ", ".join(
+                      f"{kind} {b:.0f}" for kind, b in per_check.items()) + ")")
         if detail:
             print()
             print("denials (retry_after_ms min/p50/max; remaining min-max; s into the load):")

@@ -892,7 +892,7 @@ fn quiet_users_are_never_refused() {
     });
 }
 
-/// 5c. The same users with 5% of UDP datagrams dropped at every node: reported, and only
+/// 5b. The same users with 5% of UDP datagrams dropped at every node: reported, and only
 ///     failures asserted (a lost frame degrades a round: design §3.3.4).
 #[test]
 fn quiet_users_under_loss() {
@@ -901,7 +901,7 @@ fn quiet_users_under_loss() {
     });
 }
 
-/// 5d. The same users while node-2 is killed 2 s into the load and restarted 1 s later:
+/// 5c. The same users while node-2 is killed 2 s into the load and restarted 1 s later:
 ///     reported (the bursts sent to node-2 while it is down fail).
 #[test]
 fn quiet_users_through_a_restart() {
@@ -911,7 +911,7 @@ fn quiet_users_through_a_restart() {
     });
 }
 
-/// 5e. The same users while node-2 is stopped with SIGTERM (a graceful leave) and restarted
+/// 5d. The same users while node-2 is stopped with SIGTERM (a graceful leave) and restarted
 ///     1 s later, as a rolling update does: reported.
 #[test]
 fn quiet_users_through_a_rolling_update() {
@@ -921,7 +921,7 @@ fn quiet_users_through_a_rolling_update() {
     });
 }
 
-/// 5f. The same users while node-2 is killed 2 s into the load and not restarted (its bursts
+/// 5e. The same users while node-2 is killed 2 s into the load and not restarted (its bursts
 ///     fail from then on): reported.
 #[test]
 fn quiet_users_after_a_crash() {
@@ -931,9 +931,9 @@ fn quiet_users_after_a_crash() {
     });
 }
 
-/// 5g. As 5f under `on_partition = "split"`: once the member is declared dead (about a
+/// 5f. As 5e under `on_partition = "split"`: once the member is declared dead (about a
 ///     second), the side is whole again and refuses no more than a healthy one. Asserted
-///     from 2 s after the kill: at most a tenth refused (under `hold`, 5f, most are).
+///     from 2 s after the kill: at most a tenth refused (under `hold`, 5e, most are).
 #[test]
 fn quiet_users_after_a_crash_under_split() {
     quiet_scenario_config(
@@ -957,7 +957,7 @@ fn quiet_users_after_a_crash_under_split() {
     );
 }
 
-/// 5h. In a cluster up for longer than its longest window (the load starts in the minute
+/// 5g. In a cluster up for longer than its longest window (the load starts in the minute
 ///     after it formed, so every node is based: design §3.3.1), no quiet check of a fixed
 ///     window or a bucket is refused, on the debug build too, whose rounds degrade under this
 ///     load (a degraded round refuses nothing where every node is based). The sliding
@@ -980,9 +980,9 @@ fn quiet_buckets_and_fixed_windows_in_a_based_window_are_never_refused() {
     });
 }
 
-/// 5i. As 5f (node-2 killed 2 s in and not restarted, under the default `hold`) in a based
+/// 5h. As 5e (node-2 killed 2 s in and not restarted, under the default `hold`) in a based
 ///     window: the survivors keep their bases and refuse no quiet check of a fixed window or
-///     a bucket (5f, in the cluster's first window, which starters serve, refuses about a
+///     a bucket (5e, in the cluster's first window, which starters serve, refuses about a
 ///     fifth). The sliding algorithms have no bases (design §3.3.1): a key new at a survivor
 ///     waits for a slot first allotted after the crash, so theirs are reported, not asserted.
 ///     Waits up to a minute.
@@ -1013,7 +1013,7 @@ limit = 60
 period = "1m"
 "#;
 
-/// 5j. Over the aggregation tree (design §11.1), in a based window, through a crash of node-2
+/// 5i. Over the aggregation tree (design §11.1), in a based window, through a crash of node-2
 ///     2 s into the load (not restarted): every member holds a base of every key, and the
 ///     crash freezes the open window but leaves the survivors their bases, so no quiet check
 ///     is refused (before bases a key's first check at a node waited for a round's grant, and
