@@ -629,6 +629,12 @@ pub struct GKey {
     changed_in: u64,
     /// Whether the last instant allotted this key (so it is not idle cluster-wide).
     known: bool,
+    /// Whether the last all-reachable consistent instant that visited this key found its
+    /// windowed limits idle (no counts in any slot their budgets read, no room held, no
+    /// demand), or it was new since: while a side holds for a partition, such a key may be
+    /// admitted in the slots allotted before the side began to hold, up to a starter's size
+    /// of this node's own use (design §5, "Keys idle at the record").
+    idle_at_record: bool,
     /// Something an allocation reads changed since the last instant: a peer's report, or
     /// this node's counts, demand or holdings. An unchanged key is not allotted again.
     inputs_changed: bool,
@@ -684,6 +690,7 @@ impl GKey {
             counts_in: 0,
             changed_in: 0,
             known: false,
+            idle_at_record: true,
             inputs_changed: true,
             remote_round: 0,
             wake: 0,
@@ -1248,6 +1255,21 @@ impl Global {
                 || (self.starters_beside_bases.load(Ordering::Acquire) && self.my_base(l, x) == 0))
     }
 
+    /// Whether the last instant held for a partition with the participants of the last
+    /// all-reachable instant (so its starters open only in the slots allotted since
+    /// `hold_from`), and slot `x` of `l` could be allotted before that, with nobody based
+    /// there: then a key the record found idle may be admitted up to a starter's size of this
+    /// node's own use of the budget (design §5, "Keys idle at the record"). Read after the
+    /// phase.
+    fn idle_quota_in(&self, l: &GLimit, x: u64) -> bool {
+        let from = self.starters_from.load(Ordering::Acquire);
+        let first = self.first_instant(l, x);
+        from != 0
+            && from != u64::MAX
+            && first < from
+            && (!l.based() || first < self.based_from.load(Ordering::Acquire))
+    }
+
     /// Whether nobody was based in slot `x` of `l` as of the instant of round `n`: the slot
     /// could be allotted by then, and no participant's first era reaches it. A fixed
     /// window's starters there are kept across a late frame as a sliding algorithm's are
@@ -1424,9 +1446,15 @@ impl Global {
         let mut wait = 0;
         for (i, (l, s)) in rule.limits.iter().zip(key.limits.iter()).enumerate() {
             let d = match s {
-                LState::Window(w) => {
-                    self.decide_window(l, w, key.known, cost, now, phase, participants)
-                }
+                LState::Window(w) => self.decide_window(
+                    l,
+                    w,
+                    (key.known, key.idle_at_record),
+                    cost,
+                    now,
+                    phase,
+                    participants,
+                ),
                 LState::Bucket(b) => {
                     decide_bucket(l, b, cost, max_wait, default_share(participants), now)
                 }
@@ -1451,7 +1479,7 @@ impl Global {
         &self,
         l: &GLimit,
         w: &WState,
-        known: bool,
+        (known, idle_at_record): (bool, bool),
         cost: u64,
         now: Nanos,
         phase: Phase,
@@ -1487,6 +1515,15 @@ impl Global {
                 starter(l, participants)
             }
             _ => 0,
+        };
+        // Holding for a partition, in a slot allotted before the side began to hold: a key
+        // the last all-reachable instant found idle takes up to a starter's size of this
+        // node's own use (design §5, "Keys idle at the record").
+        let spendable = if idle_at_record && self.idle_quota_in(l, s) {
+            let own = l.budget(s, now, |x| w.own_in(x));
+            spendable.max(starter(l, participants).saturating_sub(own))
+        } else {
+            spendable
         };
         if cost <= spendable.min(remaining) {
             return decision;
@@ -2791,6 +2828,8 @@ impl Global {
                     && !has_starter
                     && renew(r, k, now, boundary_next)
                 {
+                    // Renewed as it was: the last consistent instant had this view, so it was
+                    // all-reachable if this one is, and set `idle_at_record` as it stands.
                     return;
                 }
                 scratch.demands.clear();
@@ -2808,6 +2847,8 @@ impl Global {
                 // A key nobody uses (no counts, demand or holdings, so no room is held) is
                 // not *known*: its next check may take a starter.
                 let mut idle = true;
+                // Whether the windowed limits are idle (a bucket limit beside them aside).
+                let mut windows_idle = true;
                 for (li, (l, s)) in r.limits.iter().zip(k.limits.iter_mut()).enumerate() {
                     match s {
                         LState::Window(w) => {
@@ -2839,6 +2880,7 @@ impl Global {
                                 scratch.reports,
                             );
                             idle &= !in_use;
+                            windows_idle &= !in_use;
                         }
                         LState::Bucket(b) => {
                             idle = false;
@@ -2875,6 +2917,9 @@ impl Global {
                 }
                 if idle {
                     k.known = false;
+                }
+                if all_reachable {
+                    k.idle_at_record = windows_idle;
                 }
             };
             let visit = |key: &str, k: &mut GKey| -> Visit {
@@ -3085,6 +3130,16 @@ impl Global {
             w.hold.as_deref()
         };
         let n_parts = parts.len() as u128;
+        // Holding for a partition, a slot allotted before the side began to hold, where
+        // nobody is based, may be spent by any participant up to a starter's size of its own
+        // use, on a key its record found idle (design §5, "Keys idle at the record"): each
+        // is charged that much there, whatever its record said.
+        let quota = c / parts.len().max(1) as u64;
+        let quota_in = |y: u64| {
+            let first = self.first_instant(l, y);
+            st.hold_from.is_some_and(|h| first <= h)
+                && (!l.based() || first < self.based_from.load(Ordering::Acquire))
+        };
         // Counts per slot: everyone known, with unreachable held members charged their ghost.
         let slots = SlotReader::new(&st.counters, &l.label, key);
         let count = |x: u64| -> u64 {
@@ -3093,7 +3148,10 @@ impl Global {
                 let known = slots.count(x, part.actor);
                 let held = record.zip(part.hold_index);
                 let ghost = match (held, part.hold_index) {
-                    (Some((rec, i)), _) if x == rec.slot => rec.claims.get(i).copied().unwrap_or(c),
+                    (Some((rec, i)), _) if x == rec.slot => {
+                        let claim = rec.claims.get(i).copied().unwrap_or(c);
+                        if quota_in(x) { claim.max(quota) } else { claim }
+                    }
                     // A slot opened since the record: an even split. (The record's weights
                     // would follow demand, but each side's record may come from a different
                     // n0, and weights from different rounds can sum to more than one.)
@@ -3155,7 +3213,7 @@ impl Global {
         let in_demand = demands.iter().any(|&d| d > 0);
         // This instant's grants and targets for this node, per slot, and whether it turns its
         // base there into a lease (it is granted more, or holds more than its target).
-        let mut mine: Vec<(u64, u64, u64, bool)> = Vec::with_capacity(2);
+        let mut mine: Vec<(u64, u64, u64, bool, u64)> = Vec::with_capacity(2);
         let mut claims = None;
         // The earlier slots' holdings and grants, for a later slot's budget.
         let mut claimed_before: Vec<(u64, u64)> = Vec::new();
@@ -3181,6 +3239,20 @@ impl Global {
             || in_demand
             || (cur + 1 - l.span().min(cur + 1)..=next).any(|y| slots.total(y) > 0);
         let hold_from = st.hold_from;
+        // A peer whose frame says its last instant was not consistent with every participant
+        // reachable may have lost this node's frames: if it then holds for a partition, its
+        // record is older than this instant, and it admits keys that record found idle up to
+        // a starter's size (design §5, "Keys idle at the record"). So this node's claim on a
+        // slot's budget (its counts and the room it holds) grows here to a starter's size at
+        // most: whatever the record missed is then within what every other participant was
+        // charged when the key was first used.
+        let closed = parts
+            .iter()
+            .skip(1)
+            .any(|p| p.reachable && p.open.is_none());
+        let cap = c / parts.len().max(1) as u64;
+        // What this node holds in each slot after this instant, for a later slot's budget.
+        let mut mine_held: SmallVec<[(u64, u64); 2]> = SmallVec::new();
         // Every slot from the current one to the one the next boundary falls in: a log's
         // sub-slots can be shorter than a round, so one may begin and end between two
         // instants.
@@ -3189,7 +3261,16 @@ impl Global {
             // side began to hold gets nothing more (the other side may have allotted its
             // room); it is served from what is held. Later slots are split evenly.
             if hold_from.is_some_and(|h| self.first_instant(l, x) <= h) {
-                mine.push((x, 0, u64::MAX, false));
+                // What the reachable participants may still admit there, for a later slot's
+                // budget: up to a starter's size each, less what each counted in it.
+                if quota_in(x) {
+                    let left: u64 = reachable
+                        .iter()
+                        .map(|&i| quota.saturating_sub(slots.count(x, parts[i].actor)))
+                        .fold(0, u64::saturating_add);
+                    claimed_before.push((x, left));
+                }
+                mine.push((x, 0, u64::MAX, false, 0));
                 continue;
             }
             // The budget, with unreachable members charged their ghosts (`count`) or not
@@ -3431,7 +3512,30 @@ impl Global {
                 targets[0]
             };
             let target = if !ahead || !convert { keep } else { u64::MAX };
-            mine.push((x, grants[0], target, convert));
+            let my_grant = if closed {
+                let claim = l.budget(x, read_at(x), |y| {
+                    let held = if y == x {
+                        helds[0]
+                    } else {
+                        mine_held
+                            .iter()
+                            .find(|(s, _)| *s == y)
+                            .map_or(0, |(_, u)| *u)
+                    };
+                    slots.count(y, &self.me).saturating_add(held)
+                });
+                // A starter still running counts whole: the check path may spend it.
+                let starter = w
+                    .grants
+                    .iter()
+                    .find(|g| g.starter && g.slot == x)
+                    .map_or(0, |g| g.allowance);
+                grants[0].min(cap.saturating_sub(claim.saturating_add(starter)))
+            } else {
+                grants[0]
+            };
+            mine_held.push((x, helds[0].saturating_add(my_grant)));
+            mine.push((x, my_grant, target, convert, helds[0]));
         }
         // This node's starters: charged, the one of the current slot becomes held room (what
         // it holds is what it was charged: its count plus that room is the starter); a starter
@@ -3466,7 +3570,26 @@ impl Global {
                 }),
             }
         }
-        for (x, grant, target, convert) in mine {
+        for (x, grant, target, convert, held) in mine {
+            // A starter still running where this instant grants: the frames showed no count
+            // of it yet, so every consistent node took this node's claim on the slot as its
+            // published count, what it held and the grant. The starter becomes that lease
+            // (what it admitted stays admitted): kept beside it, a check finds one or the
+            // other, and the lease, unused, was carried into the next slot while the
+            // starter's count stayed in the budget (design §3.3.1, "Starters").
+            if grant > 0
+                && !w.grants.iter().any(|g| g.slot == x && !g.starter)
+                && let Some(g) = w.grants.iter_mut().find(|g| g.slot == x && g.starter)
+            {
+                let claim = slots
+                    .count(x, &self.me)
+                    .saturating_add(held)
+                    .saturating_add(grant);
+                g.allowance = g.allowance.min(claim).max(g.used);
+                g.starter = false;
+                g.target = target;
+                continue;
+            }
             match w.grants.iter_mut().find(|g| g.slot == x && !g.starter) {
                 Some(g) => {
                     g.allowance = g.allowance.saturating_add(grant);
@@ -3934,22 +4057,37 @@ fn commit_window(
     based: bool,
 ) {
     let s = l.slot(now);
-    let starter = || Grant {
+    // A starter: its size, less what this node already counted in the slots the budget
+    // reads. That is nothing for a starter proper (it opens only on a key unused there); for
+    // a key idle at the record admitted while holding for a partition, it is what this node
+    // admitted of it before (design §5, "Keys idle at the record").
+    let starter = |w: &WState| Grant {
         slot: s,
-        allowance: starter(l, participants),
+        allowance: starter(l, participants)
+            .saturating_sub(l.budget(s, now, |x| w.own_in(x)))
+            .max(cost),
         used: cost,
         target: 0,
         starter: true,
         opened,
     };
-    match w.grants.iter_mut().find(|g| g.slot == s) {
+    match w.grants.iter().position(|g| g.slot == s) {
         // An instant that found the key idle left it an empty lease: a starter replaces it
         // (where there is no base; with one, an empty lease is a base given back).
-        Some(g) if g.is_empty() && !based => *g = starter(),
-        Some(g) => g.used = g.used.saturating_add(cost),
+        Some(i) if w.grants[i].is_empty() && !based => w.grants[i] = starter(w),
+        // A lease (beyond it only for a key idle at the record, which takes its allowance
+        // along so that it never holds less than it used).
+        Some(i) => {
+            let g = &mut w.grants[i];
+            g.used = g.used.saturating_add(cost);
+            g.allowance = g.allowance.max(g.used);
+        }
         None if based => {}
         // A starter (the only way to admit without a grant or a base).
-        None => w.grants.push(starter()),
+        None => {
+            let g = starter(w);
+            w.grants.push(g);
+        }
     }
     match w.own.iter_mut().find(|(slot, _)| *slot == s) {
         Some((_, n)) => *n = n.saturating_add(cost),
