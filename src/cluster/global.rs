@@ -1250,8 +1250,7 @@ impl Global {
         let first = self.first_instant(l, x);
         from != u64::MAX
             && first >= from
-            && (first < self.based_from.load(Ordering::Acquire)
-                || !l.based()
+            && (self.nobody_based(l, first)
                 || (self.starters_beside_bases.load(Ordering::Acquire) && self.my_base(l, x) == 0))
     }
 
@@ -1264,10 +1263,13 @@ impl Global {
     fn idle_quota_in(&self, l: &GLimit, x: u64) -> bool {
         let from = self.starters_from.load(Ordering::Acquire);
         let first = self.first_instant(l, x);
-        from != 0
-            && from != u64::MAX
-            && first < from
-            && (!l.based() || first < self.based_from.load(Ordering::Acquire))
+        from != 0 && from != u64::MAX && first < from && self.nobody_based(l, first)
+    }
+
+    /// Whether nobody is based in a slot of `l` whose first instant is `first`: `l` has no
+    /// bases, or the slot could be allotted before any participant's first era.
+    fn nobody_based(&self, l: &GLimit, first: u64) -> bool {
+        !l.based() || first < self.based_from.load(Ordering::Acquire)
     }
 
     /// Whether nobody was based in slot `x` of `l` as of the instant of round `n`: the slot
@@ -1519,7 +1521,7 @@ impl Global {
         // Holding for a partition, in a slot allotted before the side began to hold: a key
         // the last all-reachable instant found idle takes up to a starter's size of this
         // node's own use (design §5, "Keys idle at the record").
-        let spendable = if idle_at_record && self.idle_quota_in(l, s) {
+        let spendable = if cost > spendable && idle_at_record && self.idle_quota_in(l, s) {
             let own = l.budget(s, now, |x| w.own_in(x));
             spendable.max(starter(l, participants).saturating_sub(own))
         } else {
@@ -3137,8 +3139,7 @@ impl Global {
         let quota = c / parts.len().max(1) as u64;
         let quota_in = |y: u64| {
             let first = self.first_instant(l, y);
-            st.hold_from.is_some_and(|h| first <= h)
-                && (!l.based() || first < self.based_from.load(Ordering::Acquire))
+            st.hold_from.is_some_and(|h| first <= h) && self.nobody_based(l, first)
         };
         // Counts per slot: everyone known, with unreachable held members charged their ghost.
         let slots = SlotReader::new(&st.counters, &l.label, key);
@@ -3250,7 +3251,6 @@ impl Global {
             .iter()
             .skip(1)
             .any(|p| p.reachable && p.open.is_none());
-        let cap = c / parts.len().max(1) as u64;
         // What this node holds in each slot after this instant, for a later slot's budget.
         let mut mine_held: SmallVec<[(u64, u64); 2]> = SmallVec::new();
         // Every slot from the current one to the one the next boundary falls in: a log's
@@ -3530,7 +3530,7 @@ impl Global {
                     .iter()
                     .find(|g| g.starter && g.slot == x)
                     .map_or(0, |g| g.allowance);
-                grants[0].min(cap.saturating_sub(claim.saturating_add(starter)))
+                grants[0].min(quota.saturating_sub(claim.saturating_add(starter)))
             } else {
                 grants[0]
             };

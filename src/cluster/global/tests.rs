@@ -2091,12 +2091,17 @@ fn rules_sliding() -> (Vec<&'static str>, Vec<Limit>, Rules) {
         Limit::new(Algorithm::SlidingWindowLog, 100, 16 * SECOND, None).unwrap(),
         Limit::new(Algorithm::SlidingWindowCounter, 100, SECOND, None).unwrap(),
     ];
-    let rules = names
-        .iter()
-        .zip(&limits)
-        .map(|(n, l)| ((*n).to_string(), vec![*l]))
-        .collect();
+    let rules = one_limit_each(&names, &limits);
     (names, limits, rules)
+}
+
+/// A rule per name, of the limit beside it.
+fn one_limit_each(names: &[&str], limits: &[Limit]) -> Rules {
+    names
+        .iter()
+        .zip(limits)
+        .map(|(n, l)| ((*n).to_string(), vec![*l]))
+        .collect()
 }
 
 /// A sliding budget never goes over, whoever spent the earlier slots it reads. A hot key at
@@ -2694,11 +2699,7 @@ fn quiet_keys_after_a_crash_under_hold() {
         Limit::new(Algorithm::SlidingWindowCounter, 60, 6 * SECOND, None).unwrap(),
         Limit::new(Algorithm::FixedWindow, 60, 6 * SECOND, None).unwrap(),
     ];
-    let rules: Rules = names
-        .iter()
-        .zip(&limits)
-        .map(|(n, l)| ((*n).to_string(), vec![*l]))
-        .collect();
+    let rules = one_limit_each(&names, &limits);
     for seed in 1..=3u64 {
         let mut sim = Sim::new(3, rules.clone(), Params::default(), seed);
         // Past the first 6-s window, and into the next one by a seed's worth.
