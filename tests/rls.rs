@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used)] // helpers of tests: a failure should panic where it happens
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -116,6 +116,12 @@ struct Running {
 impl Running {
     /// A node with `[rls]` settings `rls` (TOML lines) serving `files` in a config directory.
     async fn start(rls: &str, files: &[(&str, &str)]) -> Running {
+        Running::start_edited(rls, files, |_| ()).await
+    }
+
+    /// As [`Running::start`], with `edit` run on the directory after the config is loaded and
+    /// before the node starts watching it.
+    async fn start_edited(rls: &str, files: &[(&str, &str)], edit: impl FnOnce(&Path)) -> Running {
         let dir = TempDir::new();
         std::fs::create_dir_all(dir.0.join("rls")).unwrap();
         for (name, text) in files {
@@ -127,6 +133,7 @@ impl Running {
         let path = dir.0.join("gossamer.toml");
         std::fs::write(&path, toml).unwrap();
         let config = Config::load(Some(&path), &Overrides::default()).unwrap();
+        edit(&dir.0);
         let clock = Arc::new(ManualClock::new(T0));
         let node = Node::bind(config, clock.clone())
             .await
@@ -693,6 +700,30 @@ async fn a_changed_yaml_file_is_reloaded() {
             .requests_per_unit,
         1
     );
+    node.stop().await;
+}
+
+#[tokio::test]
+async fn a_file_edited_between_load_and_watch_is_reloaded() {
+    let node = Running::start_edited("", &[("edge.yaml", YAML_MORE)], |dir| {
+        std::fs::write(
+            dir.join("rls").join("edge.yaml"),
+            YAML_MORE.replace("requests_per_unit: 3}", "requests_per_unit: 7}"),
+        )
+        .unwrap();
+    })
+    .await;
+    let mut c = node.client().await;
+    let user = [("user", "r")];
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        let r = remaining(&mut c, "edge", &[&user]).await;
+        if r == [7] {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not reloaded: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     node.stop().await;
 }
 

@@ -2,7 +2,9 @@
 //!
 //! The file is polled (read and compared) every [`POLL_INTERVAL`] rather than watched with
 //! inotify: a Kubernetes ConfigMap volume updates by swapping a `..data` symlink, which
-//! reading through the path follows, and a poll needs no extra crate or platform code.
+//! reading through the path follows, and a poll needs no extra crate or platform code. An
+//! edit made while the node was starting (after the config was loaded, before the first
+//! poll) is applied when the watch begins.
 //!
 //! A reload re-reads the file with the same flag and environment overrides as at start and
 //! validates it completely ([`Config::load`]). Then only the rules are applied
@@ -69,6 +71,18 @@ pub async fn watch(app: Arc<App>, source: Option<ConfigSource>, running: Config,
     };
     let mut rls = running.rls.config.clone();
     let mut seen = read(&source, rls.clone()).await;
+    // `seen` is read now, not when `running` was loaded: an edit made in between would be
+    // the baseline and never applied. So compare what the files now say with `running`.
+    let source_now = source.clone();
+    let current = tokio::task::spawn_blocking(move || {
+        Config::load(source_now.path.as_deref(), &source_now.overrides)
+    })
+    .await;
+    if matches!(current, Ok(Ok(config)) if config != running)
+        && let Some(config) = reload(&app, &source, &running, "changed since start").await
+    {
+        rls = config.rls.config;
+    }
     let mut tick = tokio::time::interval(poll);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
