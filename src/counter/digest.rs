@@ -25,6 +25,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 
 use crdts::Dot;
 
@@ -59,11 +60,17 @@ impl Counters {
     /// This replica's digest, for a peer to answer with [`Counters::repair_for`]. Hashes
     /// every slot: meant for a periodic anti-entropy round, not the check path.
     pub fn digest(&self) -> Digest {
-        let mut by_rule: BTreeMap<&str, Vec<(u64, u64)>> = BTreeMap::new();
+        let prefixes = self.rule_prefixes();
+        let mut by_ix: Vec<Vec<(u64, u64)>> = vec![Vec::new(); self.rules.len()];
         for slot in &self.slots {
-            let rule = self.rules[slot.rule as usize].0.as_str();
-            by_rule.entry(rule).or_default().push(self.hashes(slot));
+            by_ix[slot.rule as usize].push(self.hashes(slot, prefixes[slot.rule as usize]));
         }
+        let by_rule: BTreeMap<&str, Vec<(u64, u64)>> = by_ix
+            .into_iter()
+            .enumerate()
+            .filter(|(_, slots)| !slots.is_empty())
+            .map(|(ix, slots)| (self.rules[ix].0.as_str(), slots))
+            .collect();
         let rules = by_rule
             .into_iter()
             .map(|(rule, slots)| {
@@ -100,24 +107,37 @@ impl Counters {
             .filter(|r| (1..=MAX_DIGEST_BUCKETS).contains(&r.buckets.len()))
             .map(|r| (r.rule.as_str(), r.buckets.as_slice()))
             .collect();
-        // Our sums at their resolution, and each slot's bucket (None: rule unknown to them).
-        let mut ours: HashMap<&str, Vec<u64>> = HashMap::new();
+        // Per rule index: their sums, and ours at their resolution.
+        let theirs: Vec<Option<&[u64]>> = self
+            .rules
+            .iter()
+            .map(|(rule, _)| theirs.get(rule.as_str()).copied())
+            .collect();
+        let mut ours: Vec<Vec<u64>> = theirs
+            .iter()
+            .map(|their| vec![0; their.map_or(0, <[u64]>::len)])
+            .collect();
+        let prefixes = self.rule_prefixes();
+        // Each slot's bucket (None: rule unknown to them).
         let mut slots = Vec::with_capacity(self.slots.len());
         for slot in &self.slots {
-            let rule = self.rules[slot.rule as usize].0.as_str();
-            let at = theirs.get(rule).map(|their| {
-                let (id_hash, fingerprint) = self.hashes(slot);
+            let ri = slot.rule as usize;
+            let at = theirs[ri].map(|their| {
+                let (id_hash, fingerprint) = self.hashes(slot, prefixes[ri]);
                 let i = bucket(id_hash, their.len());
-                let sums = ours.entry(rule).or_insert_with(|| vec![0; their.len()]);
-                sums[i] = sums[i].wrapping_add(fingerprint);
+                ours[ri][i] = ours[ri][i].wrapping_add(fingerprint);
                 i
             });
-            slots.push((rule, slot, at));
+            slots.push((slot, at));
         }
         let mut repair: Vec<Delta> = slots
             .into_iter()
-            .filter(|(rule, _, at)| at.is_none_or(|i| ours[rule][i] != theirs[rule][i]))
-            .map(|(rule, slot, _)| {
+            .filter(|(slot, at)| {
+                let ri = slot.rule as usize;
+                at.is_none_or(|i| theirs[ri].is_some_and(|their| ours[ri][i] != their[i]))
+            })
+            .map(|(slot, _)| {
+                let rule = self.rules[slot.rule as usize].0.as_str();
                 let id = SlotId::new(rule, &*slot.key, slot.slot);
                 (id, self.dots(slot))
             })
@@ -137,32 +157,49 @@ impl Counters {
     /// Every dot of `slot`, in actor order (as a `VClock` iterates them).
     fn dots(&self, slot: &Slot) -> Vec<Dot<Actor>> {
         let mut dots: Vec<Dot<Actor>> = slot
-            .counts
-            .iter()
+            .counts()
             .map(|(ix, n)| Dot::new(self.actor(ix).clone(), n))
             .collect();
         dots.sort_unstable_by(|a, b| a.actor.cmp(&b.actor));
         dots
     }
 
+    /// Per rule index, the hasher after the rule's name: where every slot id of the rule
+    /// starts.
+    fn rule_prefixes(&self) -> Vec<StableHasher> {
+        self.rules
+            .iter()
+            .map(|(rule, _)| {
+                let mut h = StableHasher::new();
+                h.str(rule);
+                h
+            })
+            .collect()
+    }
+
     /// A slot's (id hash, fingerprint): the first places it in a bucket, the second covers
-    /// the id and every (actor, count) pair, in actor order.
-    fn hashes(&self, slot: &Slot) -> (u64, u64) {
-        let mut h = StableHasher::new();
-        h.str(&self.rules[slot.rule as usize].0);
+    /// the id and every (actor, count) pair, in actor order. `prefix` is its rule's entry of
+    /// [`Counters::rule_prefixes`].
+    fn hashes(&self, slot: &Slot, prefix: StableHasher) -> (u64, u64) {
+        let mut h = prefix;
         h.str(&slot.key);
         h.u64(slot.slot);
         let id_hash = h.finish();
-        let mut counts: Vec<(&Actor, u64)> = slot
-            .counts
-            .iter()
-            .map(|(ix, n)| (self.actor(ix), n))
-            .collect();
-        counts.sort_unstable_by(|a, b| a.0.cmp(b.0));
-        for (actor, n) in counts {
+        let mut add = |actor: &Actor, n: u64| {
             h.str(&actor.node);
             h.u64(actor.generation);
             h.u64(n);
+        };
+        if slot.rest.is_empty() {
+            // Nearly every slot: one actor, nothing to sort.
+            add(self.actor(slot.first_actor), slot.first_count);
+        } else {
+            let mut counts: SmallVec<[(&Actor, u64); 8]> =
+                slot.counts().map(|(ix, n)| (self.actor(ix), n)).collect();
+            counts.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (actor, n) in counts {
+                add(actor, n);
+            }
         }
         (id_hash, h.finish())
     }
@@ -171,6 +208,7 @@ impl Counters {
 /// FNV-1a (64-bit) over a fixed layout, finished with a SplitMix64 mix so that the low bits
 /// (used for buckets) depend on every input byte. Unlike `std`'s hashers, its output is
 /// specified, so every node computes the same digest.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct StableHasher(u64);
 
 impl StableHasher {

@@ -120,30 +120,6 @@ fn slot_hash(hasher: &foldhash::fast::RandomState, rule: u32, key: &str, slot: u
     hasher.hash_one((rule, key, slot))
 }
 
-/// One slot's per-actor counts (the state of a `GCounter`): nearly every slot is counted in
-/// by one actor, so the first pair is inline and only the others take an allocation.
-#[derive(Clone, Debug)]
-struct Counts {
-    first: (ActorIx, u64),
-    rest: Vec<(ActorIx, u64)>,
-}
-
-impl Counts {
-    fn get(&self, actor: ActorIx) -> u64 {
-        if self.first.0 == actor {
-            return self.first.1;
-        }
-        self.rest
-            .iter()
-            .find(|(a, _)| *a == actor)
-            .map_or(0, |(_, n)| *n)
-    }
-
-    fn iter(&self) -> impl Iterator<Item = (ActorIx, u64)> + '_ {
-        std::iter::once(self.first).chain(self.rest.iter().copied())
-    }
-}
-
 /// A slot found in [`Counters`] ([`Counters::slot_view`]): its counts without another lookup.
 #[derive(Clone, Copy, Debug)]
 pub struct SlotView<'a> {
@@ -159,7 +135,7 @@ impl SlotView<'_> {
 
     /// [`Counters::others`] of this slot.
     pub fn others(&self) -> u64 {
-        self.slot.total.saturating_sub(self.slot.counts.get(ME))
+        self.slot.total.saturating_sub(self.slot.get(ME))
     }
 
     /// [`Counters::count`] of this slot.
@@ -167,11 +143,14 @@ impl SlotView<'_> {
         self.counters
             .actor_ix
             .get(actor)
-            .map_or(0, |&ix| self.slot.counts.get(ix))
+            .map_or(0, |&ix| self.slot.get(ix))
     }
 }
 
-/// One slot's counter, keyed by (rule index, key, slot).
+/// One slot's counter, keyed by (rule index, key, slot), with its per-actor counts (the
+/// state of a `GCounter`). Nearly every slot is counted in by one actor, so the first count
+/// is inline and only the others take an allocation; the fields pack into 64 bytes (the
+/// table holds one per key and slot in use).
 #[derive(Clone, Debug)]
 struct Slot {
     key: Box<str>,
@@ -180,7 +159,11 @@ struct Slot {
     /// change so a check never sums.
     total: u64,
     rule: u32,
-    counts: Counts,
+    /// The first actor counted in the slot, and its count.
+    first_actor: ActorIx,
+    first_count: u64,
+    /// The other actors' counts (rare: a slot another node also counted in).
+    rest: Box<[(ActorIx, u64)]>,
 }
 
 impl Slot {
@@ -189,15 +172,33 @@ impl Slot {
         self.rule == rule && self.slot == slot && *self.key == *key
     }
 
+    /// `actor`'s count here (0 if it has none).
+    fn get(&self, actor: ActorIx) -> u64 {
+        if self.first_actor == actor {
+            return self.first_count;
+        }
+        self.rest
+            .iter()
+            .find(|(a, _)| *a == actor)
+            .map_or(0, |(_, n)| *n)
+    }
+
+    /// Every (actor, count) of the slot, the first actor first.
+    fn counts(&self) -> impl Iterator<Item = (ActorIx, u64)> + '_ {
+        std::iter::once((self.first_actor, self.first_count)).chain(self.rest.iter().copied())
+    }
+
     /// Raises `actor`'s count to `count` if that is higher. Returns `None` if it was not,
     /// else whether the actor was new to the slot.
     fn raise(&mut self, actor: ActorIx, count: u64) -> Option<bool> {
-        let had = if self.counts.first.0 == actor {
-            &mut self.counts.first.1
-        } else if let Some(pair) = self.counts.rest.iter_mut().find(|(a, _)| *a == actor) {
+        let had = if self.first_actor == actor {
+            &mut self.first_count
+        } else if let Some(pair) = self.rest.iter_mut().find(|(a, _)| *a == actor) {
             &mut pair.1
         } else {
-            self.counts.rest.push((actor, count));
+            let mut rest = std::mem::take(&mut self.rest).into_vec();
+            rest.push((actor, count));
+            self.rest = rest.into_boxed_slice();
             self.total = self.total.saturating_add(count);
             return Some(true);
         };
@@ -364,7 +365,7 @@ impl Counters {
 
     /// [`Counters::own`] by borrowed slot id.
     pub fn own_at(&self, rule: &str, key: &str, slot: u64) -> u64 {
-        self.find(rule, key, slot).map_or(0, |s| s.counts.get(ME))
+        self.find(rule, key, slot).map_or(0, |s| s.get(ME))
     }
 
     /// `actor`'s count in `slot` as far as this node knows (0 if unknown).
@@ -403,7 +404,7 @@ impl Counters {
             if s.rule != ri || s.slot >= slot {
                 return true;
             }
-            for (ix, _) in s.counts.iter() {
+            for (ix, _) in s.counts() {
                 if let Some(i) = &mut actors[ix as usize] {
                     i.slots -= 1;
                     if i.slots == 0 && ix != ME {
@@ -535,10 +536,9 @@ impl Counters {
                         slot,
                         total: count,
                         rule: ri,
-                        counts: Counts {
-                            first: (actor, count),
-                            rest: Vec::new(),
-                        },
+                        first_actor: actor,
+                        first_count: count,
+                        rest: Box::default(),
                     },
                     |s| slot_hash(hasher, s.rule, &s.key, s.slot),
                 );
