@@ -828,8 +828,9 @@ impl Peer {
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct HoldRecord {
     slot: u64,
-    /// Per node: its count in `slot` at the boundary plus the room it held and was granted.
-    claims: Vec<u64>,
+    /// Per node: its count in `slot` at the boundary plus the room it held and was granted
+    /// (inline up to three nodes, so a record is one allocation).
+    claims: SmallVec<[u64; 3]>,
 }
 
 /// Lookups of one key's slots of one limit in [`Counters`], each slot found once: an
@@ -3625,7 +3626,10 @@ impl Global {
         w.leased_for = Some((cur, next));
         copy_others(&slots, l, w, now);
         if let Some(claims) = claims {
-            w.hold = Some(Box::new(HoldRecord { slot: cur, claims }));
+            match &mut w.hold {
+                Some(record) => **record = HoldRecord { slot: cur, claims },
+                None => w.hold = Some(Box::new(HoldRecord { slot: cur, claims })),
+            }
         }
         in_use
     }
