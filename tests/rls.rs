@@ -237,6 +237,24 @@ const OVER: i32 = Code::OverLimit as i32;
 
 /// What is left of each descriptor, read with a check-only request (per-descriptor
 /// hits_addend 0), which changes no counter.
+/// Polls [`remaining`] until it is `want` (a reload took effect), for at most [`STEP`].
+async fn until_remaining(
+    client: &mut RateLimitServiceClient<Channel>,
+    domain: &str,
+    entries: &[&[(&str, &str)]],
+    want: &[u32],
+) {
+    let deadline = std::time::Instant::now() + STEP;
+    loop {
+        let r = remaining(client, domain, entries).await;
+        if r == want {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "not reloaded: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn remaining(
     client: &mut RateLimitServiceClient<Channel>,
     domain: &str,
@@ -666,15 +684,7 @@ async fn a_changed_yaml_file_is_reloaded() {
         "domain: new\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 1}\n",
     )
     .unwrap();
-    let deadline = std::time::Instant::now() + STEP;
-    loop {
-        let r = remaining(&mut c, "edge", &[&user]).await;
-        if r == [7] {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "not reloaded: {r:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_remaining(&mut c, "edge", &[&user], &[7]).await;
     let r = ask(&mut c, request("new", vec![descriptor(&[("a", "1")])]))
         .await
         .unwrap();
@@ -715,15 +725,7 @@ async fn a_file_edited_between_load_and_watch_is_reloaded() {
     .await;
     let mut c = node.client().await;
     let user = [("user", "r")];
-    let deadline = std::time::Instant::now() + STEP;
-    loop {
-        let r = remaining(&mut c, "edge", &[&user]).await;
-        if r == [7] {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "not reloaded: {r:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until_remaining(&mut c, "edge", &[&user], &[7]).await;
     node.stop().await;
 }
 
