@@ -569,8 +569,11 @@ fn report_slice(requested: Duration, outcome: std::io::Result<slice::Outcome>) {
 /// blocks (a round's frames, a full frame naming every key) are carved from an arena too.
 /// Both keep freed memory in the process. A three-node cluster's RSS grew by 2.2–2.7 kB per
 /// global key, against about 0.9 kB of live heap. With as many arenas as cores and the mmap
-/// threshold held at glibc's default of 128 KiB, it grew by about 1.0 kB
-/// (`MODES=mesh3 bash benches/key_memory.sh`, docs/operations.md). An environment that tunes
+/// threshold held at glibc's default of 128 KiB, it grew by 1.0–1.35 kB
+/// (`MODES=mesh3 bash benches/key_memory.sh`, docs/operations.md). What it may cost: after a
+/// storm of 99,000 new keys on three nodes sharing two cores, the tuned builds' traffic took
+/// 15–30 s to settle, against about 15 s untuned (a few runs of `benches/key_storm.sh`,
+/// design.md §3.3.3). An environment that tunes
 /// malloc itself (`GLIBC_TUNABLES` with a `glibc.malloc` tunable, `MALLOC_ARENA_MAX`,
 /// `MALLOC_MMAP_THRESHOLD_`) is left alone. `mallopt` has no safe wrapper, hence this
 /// module's `unsafe`.
