@@ -364,6 +364,24 @@ impl<V> Store<V> {
         self.retain(|e| f(&e.key, &mut e.value))
     }
 
+    /// Runs `f` on every value, one shard at a time (a few microseconds of each shard's
+    /// lock: `f` should only look at the value), and lists the keys it returns true for.
+    pub fn list_where(&self, mut f: impl FnMut(&mut V) -> bool) {
+        for shard in self.shards.iter() {
+            let mut inner = shard
+                .inner
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let inner = &mut *inner;
+            for e in inner.table.iter_mut() {
+                if f(&mut e.value) && !e.listed {
+                    e.listed = true;
+                    inner.listed.push(e.key.clone());
+                }
+            }
+        }
+    }
+
     /// Runs `f` on every key, one shard at a time, and drops, lists or unlists each as `f`
     /// says; returns how many keys it visited. Holds a shard's lock for at most
     /// [`VISIT_BATCH`] keys at a time (see [`Store::visit_listed`]); a key added to a shard

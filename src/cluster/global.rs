@@ -949,9 +949,11 @@ struct RoundState {
     last_full: Option<u64>,
     /// Per limit label, the floor last passed to `Counters::forget_before`.
     floors: HashMap<String, u64>,
-    /// Dormant keys to list again at the boundary of a round, as (rule index, key): the
-    /// round their windowed limits' slots move (see [`dormant_until`]).
-    wakes: BTreeMap<u64, Vec<(usize, Box<str>)>>,
+    /// Rounds at whose boundary dormant keys are to be listed again, with the rules they
+    /// are of: the round their windowed limits' slots move (see [`dormant_until`]). Each key
+    /// keeps its own round ([`GKey::wake`]), so a quiet key costs no entry here: at the
+    /// round, one pass over the rule's keys lists those due.
+    wakes: BTreeMap<u64, Vec<usize>>,
     /// The keys each of the last [`MAX_REPEAT`] boundaries published a change of, as (rule
     /// index, key): a frame that repeats further back than [`REPEAT`] rounds (a peer's acks
     /// lag) lists them again, since a key goes dormant once [`REPEAT`] rounds have passed.
@@ -2014,8 +2016,17 @@ impl Global {
             let later = st.wakes.split_off(&(n + 1));
             std::mem::replace(&mut st.wakes, later)
         };
-        for (ri, key) in due.into_values().flatten() {
-            self.rules[ri].store.list(&key);
+        let mut due: Vec<usize> = due.into_values().flatten().collect();
+        due.sort_unstable();
+        due.dedup();
+        for ri in due {
+            self.rules[ri].store.list_where(|k| {
+                let woken = k.wake != 0 && k.wake <= n;
+                if woken {
+                    k.wake = 0;
+                }
+                woken
+            });
         }
         // Changes older than a dormant key's last visit that this frame still repeats.
         // (Kept for every round a frame may repeat: `fresh_from` moves back when a peer's
@@ -2939,7 +2950,7 @@ impl Global {
                         unallotted.push((ri, Box::<str>::from(key)));
                         if wake != u64::MAX && k.wake != wake {
                             k.wake = wake;
-                            wakes.push((wake, ri, Box::<str>::from(key)));
+                            wakes.push((wake, ri));
                         }
                         Visit::Unlist
                     }
@@ -2947,7 +2958,7 @@ impl Global {
                     Some(wake) => {
                         if wake != u64::MAX && k.wake != wake {
                             k.wake = wake;
-                            wakes.push((wake, ri, Box::<str>::from(key)));
+                            wakes.push((wake, ri));
                         }
                         Visit::Unlist
                     }
@@ -2966,8 +2977,11 @@ impl Global {
             (consistent && all_reachable).then(|| parts.iter().map(|p| p.actor.clone()).collect());
         drop(parts);
         drop(scratch);
-        for (wake, ri, key) in wakes {
-            st.wakes.entry(wake).or_default().push((ri, key));
+        for (wake, ri) in wakes {
+            let rules = st.wakes.entry(wake).or_default();
+            if !rules.contains(&ri) {
+                rules.push(ri);
+            }
         }
         st.unallotted.extend(unallotted);
         // A key listed again and unlisted at each of many degraded instants is pushed each
