@@ -616,8 +616,10 @@ pub struct GKey {
     arrivals: u64,
     /// The smoothed demand published at the last boundary.
     demand: u64,
-    /// What the last frame said of this key (demand and holdings), to send only changes.
-    sent: Option<Summary>,
+    /// What the last frame said of this key (demand and holdings), to send only changes;
+    /// none while it said the key is idle. Boxed: the table holds a `GKey` for every key, and
+    /// only keys in use have a summary.
+    sent: Option<Box<Summary>>,
     /// Own counts changed since the last frame.
     counts_dirty: bool,
     /// The last round whose frame carried a change of own counts, modulo 256: a frame
@@ -705,7 +707,7 @@ impl GKey {
             && self.demand == 0
             && self
                 .sent
-                .as_ref()
+                .as_deref()
                 .is_none_or(|(d, h)| *d == 0 && h.iter().all(|h| h.is_empty()))
             && self.limits.iter().zip(&rule.limits).all(|(s, l)| match s {
                 LState::Window(w) => {
@@ -2132,7 +2134,7 @@ impl Global {
                 }
                 let same = k
                     .sent
-                    .as_ref()
+                    .as_deref()
                     .is_some_and(|(d, h)| *d == k.demand && *h == helds);
                 let idle = k.demand == 0 && helds.iter().all(|h| h.is_empty());
                 if gives_back || k.counts_dirty || !(same || (idle && k.sent.is_none())) {
@@ -2186,7 +2188,11 @@ impl Global {
                     });
                 }
                 k.counts_dirty = false;
-                k.sent = if idle { None } else { Some((k.demand, helds)) };
+                match &mut k.sent {
+                    _ if idle => k.sent = None,
+                    Some(sent) => **sent = (k.demand, helds),
+                    None => k.sent = Some(Box::new((k.demand, helds))),
+                }
                 if forget(k) {
                     Visit::Drop
                 } else if quiet && k.changed_in == changed_in {
@@ -3770,7 +3776,7 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
     let quiet = k.arrivals == 0
         && k.demand == 0
         && !k.counts_dirty
-        && k.sent.as_ref().is_none_or(|(d, _)| *d == 0)
+        && k.sent.as_deref().is_none_or(|(d, _)| *d == 0)
         && k.changed_in + REPEAT <= n
         && k.limits.iter().zip(&rule.limits).all(|(s, l)| match s {
             // Nothing to hand back, nothing held in a slot that closes now, and what it holds
@@ -3837,7 +3843,7 @@ fn dormant_until(
         && !k.counts_dirty
         && !(allotted && k.inputs_changed)
         && k.changed_in + REPEAT <= n + 1
-        && k.sent.as_ref().is_none_or(|(d, _)| *d == 0);
+        && k.sent.as_deref().is_none_or(|(d, _)| *d == 0);
     if !idle {
         return None;
     }
