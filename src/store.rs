@@ -180,13 +180,7 @@ impl<V> Store<V> {
     }
 
     fn shard(&self, hash: u64) -> MutexGuard<'_, ShardInner<V>> {
-        let index = shard_index(hash);
-        // A panic while holding the lock cannot leave a value half-updated in a way that
-        // matters more than refusing all further checks would, so ignore poisoning.
-        self.shards[index]
-            .inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.shards[shard_index(hash)])
     }
 
     /// Runs `f` on the value for `key`, atomically with respect to other calls for that key.
@@ -368,10 +362,7 @@ impl<V> Store<V> {
     /// lock: `f` should only look at the value), and lists the keys it returns true for.
     pub fn list_where(&self, mut f: impl FnMut(&mut V) -> bool) {
         for shard in self.shards.iter() {
-            let mut inner = shard
-                .inner
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut inner = lock(shard);
             let inner = &mut *inner;
             for e in inner.table.iter_mut() {
                 if f(&mut e.value) && !e.listed {
@@ -440,12 +431,6 @@ impl<V> Store<V> {
     ) -> usize {
         let mut visited = 0;
         let mut removed = 0;
-        fn lock<V>(shard: &Shard<V>) -> MutexGuard<'_, ShardInner<V>> {
-            shard
-                .inner
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-        }
         for (i, shard) in self.shards.iter().enumerate() {
             let (todo, only_listed, swept) = names(i, &mut lock(shard));
             let mut todo = todo.into_iter().peekable();
@@ -565,6 +550,15 @@ impl<V> Store<V> {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A shard's lock. A panic while holding it cannot leave a value half-updated in a way that
+/// matters more than refusing all further checks would, so poisoning is ignored.
+fn lock<V>(shard: &Shard<V>) -> MutexGuard<'_, ShardInner<V>> {
+    shard
+        .inner
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Every key of a shard, for a visit of them all; the shard's list is emptied (a visit keeps

@@ -27,7 +27,7 @@
 //! It never waits on the network.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -955,7 +955,7 @@ struct RoundState {
     /// are of: the round their windowed limits' slots move (see [`dormant_until`]). Each key
     /// keeps its own round ([`GKey::wake`]), so a quiet key costs no entry here: at the
     /// round, one pass over the rule's keys lists those due.
-    wakes: BTreeMap<u64, Vec<usize>>,
+    wakes: BTreeMap<u64, BTreeSet<usize>>,
     /// The keys each of the last [`MAX_REPEAT`] boundaries published a change of, as (rule
     /// index, key): a frame that repeats further back than [`REPEAT`] rounds (a peer's acks
     /// lag) lists them again, since a key goes dormant once [`REPEAT`] rounds have passed.
@@ -2018,9 +2018,7 @@ impl Global {
             let later = st.wakes.split_off(&(n + 1));
             std::mem::replace(&mut st.wakes, later)
         };
-        let mut due: Vec<usize> = due.into_values().flatten().collect();
-        due.sort_unstable();
-        due.dedup();
+        let due: BTreeSet<usize> = due.into_values().flatten().collect();
         for ri in due {
             self.rules[ri].store.list_where(|k| {
                 let woken = k.wake != 0 && k.wake <= n;
@@ -2984,10 +2982,7 @@ impl Global {
         drop(parts);
         drop(scratch);
         for (wake, ri) in wakes {
-            let rules = st.wakes.entry(wake).or_default();
-            if !rules.contains(&ri) {
-                rules.push(ri);
-            }
+            st.wakes.entry(wake).or_default().insert(ri);
         }
         st.unallotted.extend(unallotted);
         // A key listed again and unlisted at each of many degraded instants is pushed each
