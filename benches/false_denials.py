@@ -62,6 +62,7 @@ How to run
     python3 benches/false_denials.py --exchange tree --wait-unfrozen
     python3 benches/false_denials.py --exchange tree --next-minute
     python3 benches/false_denials.py --stress 2            # 3 nodes + 2 busy loops
+    python3 benches/false_denials.py --rules counter       # one of the tiers alone
     python3 benches/false_denials.py --binary /tmp/gossamer --nodes 5 --users 5000 \\
         --duration 5 --concurrency 8 --json               # one JSON object on stdout
 
@@ -670,6 +671,8 @@ def main():
     ap.add_argument("--cluster-option", action="append", default=[], metavar="KEY=VALUE",
                     help="add a line to the config's [cluster] table, e.g. round_nice=0 "
                          "(TOML value; repeatable)")
+    ap.add_argument("--rules", metavar="A,B",
+                    help="only these of the tiers' rules (bucket, fixed, log, counter, hybrid)")
     ap.add_argument("--json", action="store_true", help="print one JSON object instead")
     ap.add_argument("--records", metavar="FILE",
                     help="also write every check to FILE as CSV (sent_s, answered_s, rule, "
@@ -712,6 +715,10 @@ def run(args, binary, work):
     n = 1 if args.standalone else args.nodes
     tree = clustered and args.exchange == "tree"
     rules = ["fixed"] if tree else ["bucket", "fixed", "log", "counter", "hybrid"]
+    if args.rules:
+        rules = [r for r in args.rules.split(",") if r in rules]
+        if not rules:
+            sys.exit(f"--rules {args.rules}: none of them can run here (tree: fixed only)")
 
     config = os.path.join(work, "rules.toml")
     with open(config, "w") as f:

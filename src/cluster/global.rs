@@ -337,6 +337,27 @@ impl GLimit {
         }
     }
 
+    /// A sliding counter's weighted share of a previous slot that holds `p`,
+    /// ⌈p·(w − e)/w⌉ with e the time into slot `s` ([`GLimit::budget`]), only steps down as e
+    /// grows: the first time from `now` at which it reads less than it does at `now`, or the
+    /// end of `s` if it does not before then.
+    fn fades_at(&self, s: u64, now: Nanos, p: u64) -> Nanos {
+        let w = u128::from(self.slot_len);
+        let start = s.saturating_mul(self.slot_len);
+        let end = start.saturating_add(self.slot_len);
+        let e = u128::from(now.saturating_sub(start)).min(w);
+        let p = u128::from(p);
+        let v = (p * (w - e)).div_ceil(w);
+        if v == 0 {
+            return end;
+        }
+        // ⌈p·(w − e)/w⌉ ≤ v − 1 ⟺ e ≥ w − (v − 1)·w/p: the least such e.
+        let from = w - (v - 1) * w / p;
+        start
+            .saturating_add(u64::try_from(from).unwrap_or(u64::MAX))
+            .min(end)
+    }
+
     fn slot(&self, now: Nanos) -> u64 {
         now / self.slot_len
     }
@@ -426,6 +447,10 @@ struct WState {
     hold: Option<Box<HoldRecord>>,
     /// The (current, next) slots the grants were computed for.
     leased_for: Option<(u64, u64)>,
+    /// A sliding counter allotted with every participant reachable: until when its budget
+    /// reads what it read then ([`GLimit::fades_at`]), so that an allotment from the same
+    /// inputs would be the same (0: not known to hold).
+    steady_until: Nanos,
 }
 
 impl WState {
@@ -2844,7 +2869,7 @@ impl Global {
                     && was_known
                     && !changed
                     && !has_starter
-                    && renew(r, k, now, boundary_next)
+                    && renew(r, k, now, boundary_next, all_reachable)
                 {
                     // Renewed as it was: the last consistent instant had this view, so it was
                     // all-reachable if this one is, and set `idle_at_record` as it stands.
@@ -3639,6 +3664,20 @@ impl Global {
         }
         w.grants.sort_unstable_by_key(|g| g.slot);
         w.leased_for = Some((cur, next));
+        // The budgets read above move with time only by a sliding counter's previous slot,
+        // weighted: every participant's count there, all of them, and this node's own.
+        w.steady_until = match cur.checked_sub(1) {
+            Some(prev) if l.kind == Kind::Counter && all_reachable && next == cur => {
+                let view = slots.view(prev);
+                std::iter::once(w.own_in(prev))
+                    .chain(view.map(|v| v.total()))
+                    .chain(view.into_iter().flat_map(|v| v.counts()))
+                    .map(|p| l.fades_at(cur, now, p))
+                    .min()
+                    .unwrap_or(0)
+            }
+            _ => 0,
+        };
         copy_others(&slots, l, w, now);
         if let Some(claims) = claims {
             match &mut w.hold {
@@ -3816,10 +3855,11 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
 /// windowed limit's slots move. So its boundary is quiet ([`quiet_boundary`]: nothing to
 /// publish, grants as published and within their targets) and its instant changes nothing:
 /// every windowed limit was allotted (or renewed) for the slots the next instant reads
-/// (a known key is then renewed; an unknown one, idle, gets the same nothing again), and a
-/// sliding counter, whose budget fades with time, holds nothing and charges no unreachable
-/// member a ghost (`all_reachable`). Bucket keys have no time-driven visit: shares move only
-/// on reports.
+/// (a known key is then renewed; an unknown one, idle, gets the same nothing again). A
+/// sliding counter's budget fades with time: it is dormant only with every participant
+/// reachable, and only until its budget reads less of its previous slot than at its last
+/// allotment (`steady_until`); until then it is renewed, as [`renew`] says. Bucket keys
+/// have no time-driven visit: shares move only on reports.
 ///
 /// With `allotted` false, whether it would be dormant once allotted: the same, except that
 /// its inputs may have changed and its windowed limits may not be allotted for the slots
@@ -3865,14 +3905,11 @@ fn dormant_until(
                 if allotted && w.leased_for != Some((cur, l.slot(boundary_next))) {
                     return None;
                 }
-                if allotted
-                    && l.kind == Kind::Counter
-                    && !(all_reachable
-                        && w.own.is_empty()
-                        && w.others.iter().all(|(_, c)| *c == 0)
-                        && w.grants.is_empty())
-                {
-                    return None;
+                if allotted && l.kind == Kind::Counter {
+                    if !all_reachable {
+                        return None;
+                    }
+                    wake = wake.min(w.steady_until / round);
                 }
                 let settled = w.grants.iter().all(|g| {
                     let published = w
@@ -3905,16 +3942,18 @@ fn shrink_map<K: Eq + std::hash::Hash, V, S: std::hash::BuildHasher>(m: &mut Has
 
 /// Whether a key's allotment would grant nothing new: every windowed limit was allotted for
 /// the same (current, next) slots from the same inputs (the caller checks those) and reads
-/// no time-dependent budget (a sliding counter's previous window fades, so it is
-/// recomputed). Holdings stay as they are; buckets keep their share.
-fn renew(rule: &GRule, k: &GKey, now: Nanos, boundary_next: Nanos) -> bool {
+/// the budgets it read then. A sliding counter's previous slot fades, so its budget moves
+/// with time: it is renewed only while it reads the same (`steady_until`, with every
+/// participant reachable, since an unreachable one's ghost is not weighed there).
+/// Holdings stay as they are; buckets keep their share.
+fn renew(rule: &GRule, k: &GKey, now: Nanos, boundary_next: Nanos, all_reachable: bool) -> bool {
     rule.limits
         .iter()
         .zip(k.limits.iter())
         .all(|(l, s)| match s {
             LState::Window(w) => {
-                l.kind != Kind::Counter
-                    && w.leased_for == Some((l.slot(now), l.slot(boundary_next)))
+                w.leased_for == Some((l.slot(now), l.slot(boundary_next)))
+                    && (l.kind != Kind::Counter || (all_reachable && now < w.steady_until))
             }
             LState::Bucket(_) => true,
         })

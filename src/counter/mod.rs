@@ -127,7 +127,7 @@ pub struct SlotView<'a> {
     slot: &'a Slot,
 }
 
-impl SlotView<'_> {
+impl<'a> SlotView<'a> {
     /// [`Counters::total`] of this slot.
     pub fn total(&self) -> u64 {
         self.slot.total
@@ -136,6 +136,11 @@ impl SlotView<'_> {
     /// [`Counters::others`] of this slot.
     pub fn others(&self) -> u64 {
         self.slot.total.saturating_sub(self.slot.get(ME))
+    }
+
+    /// Every actor's count in this slot (each actor counted in it once, in no set order).
+    pub fn counts(self) -> impl Iterator<Item = u64> + 'a {
+        self.slot.counts().map(|(_, n)| n)
     }
 
     /// [`Counters::count`] of this slot.

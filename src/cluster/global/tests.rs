@@ -2809,3 +2809,39 @@ fn keys_idle_at_the_record_keep_every_budget_through_a_fault() {
     }
     assert!(admitted_after > 0, "nothing admitted after the faults");
 }
+
+/// [`GLimit::fades_at`] names the first time a sliding counter's weighted previous slot
+/// reads less: every time before it reads as `now` does, and it (inside the slot) reads less.
+/// Checked against [`GLimit::budget`] at every nanosecond of a short slot.
+#[test]
+fn a_counters_fade_time_is_when_its_budget_first_steps_down() {
+    // A slot of 97 ns (the limit's own period plays no part here), to try every time in it.
+    let limit = Limit::new(Algorithm::SlidingWindowCounter, 50, SECOND, None).unwrap();
+    let l = GLimit {
+        limit,
+        kind: Kind::Counter,
+        slot_len: 97,
+        subslots: 1,
+        label: "c".into(),
+    };
+    let s = 5;
+    let start = s * l.slot_len;
+    let end = start + l.slot_len;
+    for p in [0, 1, 2, 3, 7, 50, 96, 97, 98, 500] {
+        let budget = |t: Nanos| l.budget(s, t, |y| if y == s - 1 { p } else { 2 });
+        for now in start..end {
+            let at = l.fades_at(s, now, p);
+            assert!(at > now && at <= end, "p {p} now {now}: {at}");
+            for t in now..at {
+                assert_eq!(
+                    budget(t),
+                    budget(now),
+                    "p {p} now {now}: steps at {t}, not {at}"
+                );
+            }
+            if at < end {
+                assert!(budget(at) < budget(now), "p {p} now {now}: no step at {at}");
+            }
+        }
+    }
+}
