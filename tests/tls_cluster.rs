@@ -154,11 +154,17 @@ async fn a_member_from_another_ca_never_holds_the_cluster_limit() {
         // the rounds visited keys (the checks above listed theirs).
         assert!(text.contains("# TYPE gossamer_cluster_peer_dots_out_of_range_total counter"));
         assert!(!text.contains("gossamer_cluster_peer_dots_out_of_range_total{"));
-        let visits = text
+        // Per global rule, each labelled with its name.
+        let visits: Vec<(&str, u64)> = text
             .lines()
-            .find_map(|l| l.strip_prefix("gossamer_cluster_key_visits_total "))
-            .and_then(|v| v.parse::<u64>().ok());
-        assert!(visits.is_some_and(|v| v > 0), "key visits: {visits:?}");
+            .filter_map(|l| l.strip_prefix("gossamer_cluster_key_visits_total{rule=\""))
+            .filter_map(|l| l.split_once("\"} "))
+            .filter_map(|(rule, v)| Some((rule, v.parse::<u64>().ok()?)))
+            .collect();
+        assert!(
+            visits.iter().any(|&(rule, v)| rule == "api" && v > 0),
+            "key visits: {visits:?}"
+        );
         // What was sent, by kind: a mesh sends round frames and digests (every 10th round),
         // and no hello (only the tree greets) and no tree message.
         let sent = |family: &str, kind: &str| -> u64 {

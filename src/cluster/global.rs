@@ -255,6 +255,8 @@ pub struct Stats {
     /// them) and, at a boundary, one shard's worth of the rest, swept for keys to forget; or
     /// every key at a full boundary and after a view change.
     pub key_visits: u64,
+    /// [`Stats::key_visits`] per global rule, by name, in the rules' order.
+    pub rule_visits: Vec<(String, u64)>,
     /// Full frames sent (every key with something to say named, every key visited), by
     /// cause: a membership change, or a peer that asked for one (it missed more of this
     /// node's frames than the repeats cover).
@@ -1123,7 +1125,10 @@ impl Global {
                 my_opens: BTreeMap::new(),
                 my_eras: Vec::new(),
                 hold_nodes: Vec::new(),
-                stats: Stats::default(),
+                stats: Stats {
+                    rule_visits: grules.iter().map(|r| (r.name.clone(), 0)).collect(),
+                    ..Stats::default()
+                },
                 view_changed: true,
                 consistent_view: None,
                 hold_from: None,
@@ -2077,6 +2082,7 @@ impl Global {
             // Whether a peer's last report on the key says it is in use there: forgetting the
             // key here would have its next check take it for a new one.
             let reported = |key: &str| st.peers.values().any(|p| p.reports[ri].contains_key(key));
+            let swept_before = swept_only;
             let mut visit = |key: &str, k: &mut GKey, seen: Seen| -> Visit {
                 // A full boundary and the swept shard forget the keys `keep` lets go.
                 let forget =
@@ -2225,7 +2231,11 @@ impl Global {
                 }
             };
             // Not full: every listed key stays listed (the instant decides).
-            visits += r.store.visit_sweeping(n, all, &mut visit);
+            let v = r.store.visit_sweeping(n, all, &mut visit);
+            visits += v;
+            if let Some((_, count)) = st.stats.rule_visits.get_mut(ri) {
+                *count += (v - (swept_only - swept_before)) as u64;
+            }
         }
         st.stats.key_visits += (visits - swept_only) as u64;
         if !changes.is_empty() {
@@ -2812,6 +2822,7 @@ impl Global {
         let mut wakes = Vec::new();
         let mut unallotted = Vec::new();
         let mut visits = 0;
+        let mut rule_visits = Vec::with_capacity(self.rules.len());
         for (ri, r) in self.rules.iter().enumerate() {
             let mut allot = |key: &str, k: &mut GKey| {
                 if regrown {
@@ -2993,11 +3004,13 @@ impl Global {
                     }
                 }
             };
-            visits += if all {
+            let v = if all {
                 r.store.visit_all(visit)
             } else {
                 r.store.visit_listed(visit)
             };
+            visits += v;
+            rule_visits.push(v);
         }
         if all_in {
             self.settled.store(true, Ordering::Release);
@@ -3024,6 +3037,9 @@ impl Global {
             st.visit_all_due = true;
         }
         st.stats.key_visits += visits as u64;
+        for ((_, count), v) in st.stats.rule_visits.iter_mut().zip(rule_visits) {
+            *count += v as u64;
+        }
         st.stats.full_instants += u64::from(all);
         if let Some(nodes) = hold_nodes {
             st.hold_nodes = nodes;

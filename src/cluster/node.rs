@@ -559,6 +559,11 @@ impl Cluster {
 /// The full mesh's metrics.
 fn mesh_metrics(global: &Global, out: &mut String) {
     let stats = global.stats();
+    let visits: Vec<(String, u64)> = stats
+        .rule_visits
+        .iter()
+        .map(|(rule, n)| (format!("rule=\"{}\"", label_value(rule)), *n))
+        .collect();
     let (held, participants) = global.held_members();
     family(
         out,
@@ -624,9 +629,10 @@ fn mesh_metrics(global: &Global, out: &mut String) {
         out,
         "gossamer_cluster_key_visits_total",
         "counter",
-        "Keys visited by round boundaries and instants: those with activity since they were \
-         last found dormant, and every key at a full boundary or a view change.",
-        &[("", stats.key_visits)],
+        "Keys visited by round boundaries and instants, per global rule: those with activity \
+         since they were last found dormant, and every key at a full boundary or a view \
+         change. The round work a rule's keys cost.",
+        &visits,
     );
     family(
         out,
