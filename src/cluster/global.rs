@@ -434,6 +434,27 @@ impl Grant {
     }
 }
 
+/// The (current, next) slots a windowed limit's grants were computed for (`set` false:
+/// none yet): 16 bytes, whose `bool` leaves [`LState`] a niche for its tag, so a key's limit
+/// state is no larger than its window state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Leased {
+    cur: u64,
+    /// How many slots after `cur` the next one is.
+    ahead: u32,
+    set: bool,
+}
+
+impl Leased {
+    fn new(cur: u64, next: u64) -> Leased {
+        Leased {
+            cur,
+            ahead: u32::try_from(next.saturating_sub(cur)).unwrap_or(u32::MAX),
+            set: true,
+        }
+    }
+}
+
 /// A windowed limit's state for one key.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 struct WState {
@@ -448,7 +469,7 @@ struct WState {
     /// What the last fully consistent instant allotted, for ghosts during a partition.
     hold: Option<Box<HoldRecord>>,
     /// The (current, next) slots the grants were computed for.
-    leased_for: Option<(u64, u64)>,
+    leased_for: Leased,
     /// A sliding counter allotted with every participant reachable: until when its budget
     /// reads what it read then ([`GLimit::fades_at`]), so that an allotment from the same
     /// inputs would be the same (0: not known to hold).
@@ -3679,7 +3700,7 @@ impl Global {
             }
         }
         w.grants.sort_unstable_by_key(|g| g.slot);
-        w.leased_for = Some((cur, next));
+        w.leased_for = Leased::new(cur, next);
         // The budgets read above move with time only by a sliding counter's previous slot,
         // weighted: every participant's count there, all of them, and this node's own.
         w.steady_until = match cur.checked_sub(1) {
@@ -3918,7 +3939,7 @@ fn dormant_until(
             }
             LState::Window(w) => {
                 let cur = l.slot(now);
-                if allotted && w.leased_for != Some((cur, l.slot(boundary_next))) {
+                if allotted && w.leased_for != Leased::new(cur, l.slot(boundary_next)) {
                     return None;
                 }
                 if allotted && l.kind == Kind::Counter {
@@ -3968,7 +3989,7 @@ fn renew(rule: &GRule, k: &GKey, now: Nanos, boundary_next: Nanos, all_reachable
         .zip(k.limits.iter())
         .all(|(l, s)| match s {
             LState::Window(w) => {
-                w.leased_for == Some((l.slot(now), l.slot(boundary_next)))
+                w.leased_for == Leased::new(l.slot(now), l.slot(boundary_next))
                     && (l.kind != Kind::Counter || (all_reachable && now < w.steady_until))
             }
             LState::Bucket(_) => true,

@@ -2845,3 +2845,11 @@ fn a_counters_fade_time_is_when_its_budget_first_steps_down() {
         }
     }
 }
+
+/// A key holds an `LState` per limit: its enum tag must fit in a niche of the window state
+/// (`Leased::set`), or every key of every algorithm pays 16 bytes more (its alignment is
+/// the bucket's `i128`). It did once: heap per key 331 -> 347 bytes (`tests/memory.rs`).
+#[test]
+fn a_limits_state_takes_no_room_for_its_tag() {
+    assert_eq!(std::mem::size_of::<LState>(), std::mem::size_of::<WState>());
+}
