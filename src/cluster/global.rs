@@ -1561,11 +1561,19 @@ impl Global {
             return decision;
         }
         let base = self.my_base(l, s);
+        let carried = if self.starters_in(l, s) {
+            carried_starter(l, w, s, now)
+        } else {
+            None
+        };
         let spendable = match w.grants.iter().find(|g| g.slot == s) {
             // Room held as published (granted, or given back down to this), or a starter.
             Some(g) if base > 0 || !g.is_empty() => g.spendable(),
             // The base: what this node holds of every key it published no holding for.
             None if base > 0 => base.saturating_sub(l.budget(s, now, |x| w.own_in(x))),
+            // A starter running on from the slot before (this check came at the slot's edge,
+            // before the boundary that carries it).
+            _ if carried.is_some() => carried.map_or(0, |g| g.spendable()),
             _ if used == 0
                 && starter_allowed(l, known, phase, self.unbased(l, s, phase.round))
                 && self.starters_in(l, s) =>
@@ -2145,12 +2153,20 @@ impl Global {
                     let oldest = cur.saturating_sub(l.span());
                     w.own.retain(|(slot, _)| *slot >= oldest);
                     w.others.retain(|(slot, _)| *slot >= oldest);
+                    // A starter taken in the slot that closes runs on in the new one until
+                    // the next instant, which charges or ends it there.
+                    let carried = (!phase.kept
+                        && !w.grants.iter().any(|g| g.slot == cur)
+                        && self.starters_in(l, cur))
+                    .then(|| carried_starter(l, w, cur, boundary_time))
+                    .flatten();
                     w.grants.retain(|g| g.slot >= cur);
                     if phase.kept {
                         for g in w.grants.iter_mut().filter(|g| g.starter) {
                             g.end_starter();
                         }
                     }
+                    w.grants.extend(carried.filter(|g| g.allowance > 0));
                     let mut held = Pairs::new();
                     for g in &mut w.grants {
                         // A starter runs on to the next instant, which charges it to this
@@ -4140,6 +4156,26 @@ fn starter(l: &GLimit, participants: u64) -> u64 {
     l.limit.limit() / participants.max(1)
 }
 
+/// A starter still running from an earlier slot (one an instant allowed, not yet charged or
+/// ended), carried into slot `s`: valid, like the one it continues, until the next instant,
+/// and as large less what this node's own counts already take of the budget of `s` (for a
+/// sliding algorithm, the starter's spending in the slot before). So a burst that straddles
+/// a slot's edge is not held for the instant (design §3.3.1, "Starters across a slot's
+/// edge"). The caller checks that the last instant opened starters in `s`.
+fn carried_starter(l: &GLimit, w: &WState, s: u64, now: Nanos) -> Option<Grant> {
+    let g = w.grants.iter().find(|g| g.starter && g.slot < s)?;
+    Some(Grant {
+        slot: s,
+        allowance: g
+            .allowance
+            .saturating_sub(l.budget(s, now, |x| w.own_in(x))),
+        used: 0,
+        target: 0,
+        starter: true,
+        opened: g.opened,
+    })
+}
+
 /// Counts an admission of `cost` now: against the lease of the current slot, a new starter,
 /// or (`based`, no lease) this node's base, which its own count alone tracks.
 fn commit_window(
@@ -4178,9 +4214,17 @@ fn commit_window(
             g.allowance = g.allowance.max(g.used);
         }
         None if based => {}
-        // A starter (the only way to admit without a grant or a base).
+        // A starter (the only way to admit without a grant or a base): the one running on
+        // from the slot before, if any.
         None => {
-            let g = starter(w);
+            let g = match carried_starter(l, w, s, now) {
+                Some(mut g) => {
+                    g.used = cost;
+                    g.allowance = g.allowance.max(cost);
+                    g
+                }
+                None => starter(w),
+            };
             w.grants.push(g);
         }
     }

@@ -2324,6 +2324,91 @@ fn a_starter_spent_in_the_slot_after_the_keys_first_count_is_charged() {
     }
 }
 
+/// A burst that straddles a slot's edge is admitted at once (design §3.3.1, "Starters across
+/// a slot's edge"). A key's first checks take a starter just before a sliding slot ends; the
+/// rest of its burst comes at the edge, before the node's boundary has run (a check racing
+/// the round's timer) and in the gap after it, before the instant. The starter runs on into
+/// the new slot until that instant: without it, the budget of the new slot reads the
+/// starter's own counts, the key looks used, and the checks were held for the instant (a
+/// quiet user's check held 15-30 ms on real nodes). Another node takes its own starter in
+/// the gap too; then every node flat out, and no budget goes over.
+#[test]
+fn a_burst_across_a_slots_edge_runs_on_its_starter() {
+    let (names, limits, rules) = rules_sliding();
+    let slots = [100 * MS, SECOND, SECOND];
+    for nodes in [3usize, 5] {
+        for seed in 1..=3u64 {
+            let mut sim = Sim::new(nodes, rules.clone(), Params::default(), seed);
+            sim.advance(2 * SECOND - sim.now % SECOND + 300 * MS);
+            // (rule, key, admissions), with and without a check racing the boundary.
+            let mut runs = Vec::new();
+            for (r, rule) in names.iter().enumerate() {
+                for race in [true, false] {
+                    let key = format!("edge-{r}-{race}");
+                    let what = format!("{nodes} nodes, seed {seed}, {rule}, race {race}");
+                    let ri = sim.node(0).rule_index(rule).expect("a global rule");
+                    let mut log = Vec::new();
+                    let mut edge = (sim.now / slots[r] + 1) * slots[r];
+                    if edge - sim.now < 50 * MS {
+                        edge += slots[r];
+                    }
+                    sim.advance(edge - 20 * MS - sim.now);
+                    for c in 0..2 {
+                        let at = sim.clock(0);
+                        let d = sim.check(0, rule, &key, 1);
+                        assert!(d.allowed(), "{what}: check {c} before the edge: {d:?}");
+                        log.push(at);
+                    }
+                    sim.advance(19 * MS);
+                    if race {
+                        // At the edge, the node's timer not yet run.
+                        let at = sim.clock(0) + MS;
+                        assert_eq!(at, edge);
+                        let (_, d) = sim.node(0).check(ri, &key, 1, 0, at).expect("room");
+                        assert!(
+                            d.allowed(),
+                            "{what}: at the edge, before the boundary: {d:?}"
+                        );
+                        log.push(at);
+                    }
+                    // In the gap: the boundary has run, the instant has not (frames take 1 ms).
+                    sim.advance(MS);
+                    for (i, c) in [(0, 0), (0, 1), (1, 0), (1, 1)] {
+                        let at = sim.clock(i);
+                        let d = sim.check(i, rule, &key, 1);
+                        assert!(d.allowed(), "{what}: node {i} check {c} in the gap: {d:?}");
+                        log.push(at);
+                    }
+                    let phase = sim.node(0).phase();
+                    assert!(
+                        !phase.open && phase.round + 1 == edge / DEFAULT_ROUND,
+                        "{what}: not in the gap after the edge: {phase:?}"
+                    );
+                    runs.push((r, key, log));
+                }
+            }
+            for (r, key, log) in runs {
+                let mut one = vec![log];
+                let rule = names[r];
+                load_logged(
+                    &mut sim,
+                    &[rule],
+                    &key,
+                    &vec![1000; nodes],
+                    2 * SECOND,
+                    &mut one,
+                );
+                let worst = worst_sliding(&limits[r], &one[0]);
+                assert!(
+                    worst <= 100.0 + 1e-9,
+                    "{nodes} nodes, seed {seed}, {key}: a budget of {worst:.2}"
+                );
+                assert!(one[0].len() >= 100, "{key}: {}", one[0].len());
+            }
+        }
+    }
+}
+
 /// The sliding budgets under the faults the seeded sweep draws for fixed windows (which it
 /// judges; it does not judge sliding ones): a hot key 80% at one node, then 10% loss with
 /// jitter, a node that hears nothing, a partition, a paused node, each for a second or so,
