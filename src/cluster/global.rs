@@ -2728,15 +2728,23 @@ impl Global {
         } else {
             st.stats.degraded_rounds += 1;
             if tracing::enabled!(tracing::Level::DEBUG) {
-                let missing: Vec<&str> = st
+                // Per peer that breaks it: the last round it is complete to, and whether its
+                // frame of this round named this node's view.
+                let missing: Vec<(&str, Option<u64>, Option<bool>)> = st
                     .peers
                     .iter()
                     .filter(|(_, p)| p.breaks_consistency(n, my_view))
-                    .map(|(node, _)| node.as_str())
+                    .map(|(node, p)| {
+                        let same_view = p.views.get(&n).map(|v| Some(*v) == my_view);
+                        (node.as_str(), p.complete_to, same_view)
+                    })
                     .collect();
                 tracing::debug!(
                     round = n,
                     after_ms = (now - n * self.params.round) / MILLISECOND,
+                    boundary = ?st.boundary,
+                    last_instant = self.phase().round,
+                    own_view = my_view.is_some(),
                     ?missing,
                     "degraded instant (these peers' frames missing, or on another view): no \
                      lease granted, and no starter until a consistent instant"
