@@ -18,6 +18,7 @@ mod env;
 mod lab;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -666,6 +667,12 @@ struct Quiet {
     /// (checks, denied) per node, and per second of the load.
     per_node: Vec<(u64, u64)>,
     per_second: Vec<(u64, u64)>,
+    /// Checks of bursts sent to a node that did not say it was ready (`/readyz`) when the
+    /// burst began, in all, and those of them that failed: left out of everything above. The
+    /// DaemonSet as shipped routes nothing to such a node (the app fails open or closed), so
+    /// the figures above are what its users see; these are what a `hostPort` setup adds.
+    unready: QuietRule,
+    unready_failed: u64,
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -716,6 +723,11 @@ impl Quiet {
                 .collect::<Vec<_>>()
                 .join(", ")
         };
+        let u = &self.unready;
+        eprintln!(
+            "[{tag}] sent to a node not ready (not counted above): {} checks, {} denied, {} over 10 ms, {} failed",
+            u.checks, u.denied, u.slow, self.unready_failed
+        );
         eprintln!("[{tag}] denied/checks per node: {}", show(&self.per_node));
         eprintln!(
             "[{tag}] denied/checks per second: {}",
@@ -726,6 +738,45 @@ impl Quiet {
 
 /// Per (rule, user): when each of its checks was sent.
 type Sent = HashMap<(usize, u64), Vec<Instant>>;
+
+/// Whether each node said it was ready (`/readyz` 200) when last asked.
+type Ready = Arc<Vec<AtomicBool>>;
+
+/// Asks every node's `/readyz` once (each within 100 ms) and records the answers in `ready`.
+async fn poll_ready(
+    addrs: &[std::net::SocketAddr],
+    clients: &mut [Option<gossamer_client::raw::Client>],
+    ready: &Ready,
+) {
+    for (i, addr) in addrs.iter().enumerate() {
+        let ask = async {
+            if clients[i].is_none() {
+                clients[i] = gossamer_client::raw::Client::connect_addr(*addr).await.ok();
+            }
+            let reply = clients[i].as_mut()?.get("/readyz").await.ok()?;
+            Some(reply.status.as_u16() == 200)
+        };
+        let ok = timeout(Duration::from_millis(100), ask)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or(false);
+        if !ok {
+            clients[i] = None;
+        }
+        ready[i].store(ok, Ordering::Relaxed);
+    }
+}
+
+/// Keeps `ready` current, asking every 10 ms, until `until`.
+async fn watch_ready(addrs: Vec<std::net::SocketAddr>, ready: Ready, until: Instant) {
+    let mut clients: Vec<Option<gossamer_client::raw::Client>> =
+        addrs.iter().map(|_| None).collect();
+    while Instant::now() < until {
+        poll_ready(&addrs, &mut clients, &ready).await;
+        sleep(Duration::from_millis(10)).await;
+    }
+}
 
 /// The rules of [`TIERS`] the quiet users call: (rule, at most per minute, at most per second).
 type QuietRules = &'static [(&'static str, u64, u64)];
@@ -746,6 +797,7 @@ const QUIET_RULES: QuietRules = &[
 /// that a single exact counter would admit at once, and every 429 is false.
 async fn quiet_users(
     addrs: Vec<std::net::SocketAddr>,
+    ready: Ready,
     seed: u64,
     users: u64,
     bursts: f64,
@@ -759,6 +811,7 @@ async fn quiet_users(
     let mut handles = Vec::new();
     for t in 0..tasks {
         let addrs = addrs.clone();
+        let ready = ready.clone();
         let sent = sent.clone();
         handles.push(tokio::spawn(async move {
             let mut rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (t as u64 + 1);
@@ -774,6 +827,7 @@ async fn quiet_users(
             let mut per_node = vec![(0u64, 0u64); addrs.len()];
             let mut by_second = vec![(0u64, 0u64); dur.as_secs() as usize + 1];
             let mut failed = 0u64;
+            let (mut unready, mut unready_failed) = (QuietRule::default(), 0u64);
             sleep(period.mul_f64(t as f64 / tasks as f64)).await;
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -800,6 +854,7 @@ async fn quiet_users(
                 }
                 let body =
                     serde_json::json!({"rule": name, "key": format!("user-{user}"), "cost": 1});
+                let was_ready = ready[node].load(Ordering::Relaxed);
                 for _ in 0..burst {
                     if clients[node].is_none() {
                         clients[node] = timeout(
@@ -811,15 +866,31 @@ async fn quiet_users(
                         .and_then(Result::ok);
                     }
                     let Some(client) = clients[node].as_mut() else {
-                        failed += 1;
+                        *(if was_ready {
+                            &mut failed
+                        } else {
+                            &mut unready_failed
+                        }) += 1;
                         continue;
                     };
                     let started = Instant::now();
                     let reply =
                         timeout(Duration::from_secs(2), client.post("/v1/check", &body)).await;
                     let took = started.elapsed();
-                    let r = &mut seen[rule];
+                    let r = if was_ready {
+                        &mut seen[rule]
+                    } else {
+                        &mut unready
+                    };
                     match reply {
+                        Ok(Ok(reply))
+                            if !was_ready && matches!(reply.status.as_u16(), 200 | 429) =>
+                        {
+                            r.checks += 1;
+                            r.denied += u64::from(reply.status.as_u16() == 429);
+                            r.slow += u64::from(took > Duration::from_millis(10));
+                            r.max_us = r.max_us.max(took.as_micros() as u64);
+                        }
                         Ok(Ok(reply)) if matches!(reply.status.as_u16(), 200 | 429) => {
                             r.checks += 1;
                             r.denied += u64::from(reply.status.as_u16() == 429);
@@ -836,13 +907,17 @@ async fn quiet_users(
                             }
                         }
                         _ => {
-                            failed += 1;
+                            *(if was_ready {
+                                &mut failed
+                            } else {
+                                &mut unready_failed
+                            }) += 1;
                             clients[node] = None;
                         }
                     }
                 }
             }
-            (seen, failed, per_node, by_second)
+            (seen, failed, per_node, by_second, unready, unready_failed)
         }));
     }
     let mut quiet = Quiet {
@@ -854,10 +929,18 @@ async fn quiet_users(
         lease_waits: 0,
         per_node: vec![(0, 0); addrs.len()],
         per_second: vec![(0, 0); dur.as_secs() as usize + 1],
+        unready: QuietRule::default(),
+        unready_failed: 0,
     };
     for h in handles {
-        let (seen, failed, per_node, per_second) = h.await.expect("client task");
+        let (seen, failed, per_node, per_second, unready, unready_failed) =
+            h.await.expect("client task");
         quiet.failed += failed;
+        quiet.unready_failed += unready_failed;
+        quiet.unready.checks += unready.checks;
+        quiet.unready.denied += unready.denied;
+        quiet.unready.slow += unready.slow;
+        quiet.unready.max_us = quiet.unready.max_us.max(unready.max_us);
         for (total, (c, d)) in quiet.per_node.iter_mut().zip(per_node) {
             *total = (total.0 + c, total.1 + d);
         }
@@ -885,9 +968,16 @@ async fn quiet_users(
 fn quiet_users_are_never_refused() {
     quiet_scenario("quiet-strict", QuietFault::None, |q| {
         let all = q.all();
-        assert_eq!(q.failed, 0, "checks failed");
+        assert_eq!(q.failed + q.unready_failed, 0, "checks failed");
         assert!(all.checks > 600, "too few checks: {all:?}");
-        assert_eq!((all.denied, all.slow), (0, 0), "{all:?}");
+        // Every node is ready throughout; a check counted as sent to one that was not (its
+        // /readyz slow to answer) must be admitted at once all the same.
+        let u = &q.unready;
+        assert_eq!(
+            (all.denied + u.denied, all.slow + u.slow),
+            (0, 0),
+            "{all:?} {u:?}"
+        );
         assert_eq!(q.lease_waits, 0, "checks held for a lease");
     });
 }
@@ -1117,8 +1207,18 @@ fn quiet_scenario_rules(
                 }
             }
             let before = print_rounds(tag, &lab).await;
+            let ready: Ready =
+                Arc::new(lab.addrs().iter().map(|_| AtomicBool::new(false)).collect());
+            let mut clients: Vec<_> = lab.addrs().iter().map(|_| None).collect();
+            poll_ready(&lab.addrs(), &mut clients, &ready).await;
+            let watcher = tokio::spawn(watch_ready(
+                lab.addrs(),
+                ready.clone(),
+                Instant::now() + Duration::from_secs(8),
+            ));
             let load = tokio::spawn(quiet_users(
                 lab.addrs(),
+                ready,
                 1,
                 2_000,
                 60.0,
@@ -1144,11 +1244,15 @@ fn quiet_scenario_rules(
                 eprintln!("[{tag}] restarted node-2 (same id) after 1 s down");
             }
             let mut q = load.await.expect("quiet users");
+            watcher.abort();
+            let mut waits_per_node = Vec::new();
             for addr in lab.addrs() {
                 let text = metrics(addr).await;
                 let waits = metric(&text, "gossamer_check_lease_waits_total");
+                waits_per_node.push(waits.unwrap_or(0.0) as u64);
                 q.lease_waits += waits.unwrap_or(0.0) as u64;
             }
+            eprintln!("[{tag}] held for a lease per node: {waits_per_node:?}");
             if !matches!(fault, QuietFault::Crash) {
                 lab.assert_running();
             }
