@@ -10,7 +10,10 @@
 //! Needs root, `ip` (iproute2) and `nft` (nftables); without them each test says why and
 //! passes. The scenarios run one at a time (a process-wide lock), so their figures are not
 //! disturbed by each other on a small machine. Run with `--nocapture` to see the figures;
-//! with `NETNS_TIMELINE=1` the partition scenarios also print admissions per 100 ms.
+//! with `NETNS_TIMELINE=1` the partition scenarios also print admissions per 100 ms. The nodes
+//! run `LAB_BIN` if set (a release build, say), log at the runner's `RUST_LOG` (`info` if
+//! unset; `gossamer::cluster::global=debug` says why each degraded instant was), and keep
+//! their logs after a pass with `LAB_KEEP_LOGS=1` (after a failure they always do).
 
 #[path = "support/env.rs"]
 mod env;

@@ -982,6 +982,10 @@ struct RoundState {
     view_changed: bool,
     /// The view of the last consistent instant.
     consistent_view: Option<u64>,
+    /// Peers that left on purpose, with their final frame in, since the last consistent
+    /// instant: a view that differs from that instant's by them alone keeps starters open
+    /// (design §3.3.1, "Starters across a late frame").
+    left_since: Vec<Actor>,
     /// While some participant is suspected: the instant the set of suspects last changed.
     /// Slots that could be allotted before it get no more room until it heals.
     hold_from: Option<u64>,
@@ -1152,6 +1156,7 @@ impl Global {
                 },
                 view_changed: true,
                 consistent_view: None,
+                left_since: Vec::new(),
                 hold_from: None,
                 returns: true,
                 participated: Vec::new(),
@@ -1643,6 +1648,7 @@ impl Global {
                             .is_some_and(|r| old.applied.is_some_and(|a| a >= r));
                     if complete {
                         st.stats.final_leaves += 1;
+                        st.left_since.push(old.actor.clone());
                     } else {
                         self.retire(&mut st, &old, now);
                     }
@@ -1996,11 +2002,18 @@ impl Global {
     /// This node's view hash: every participant (this node included) in node order, with
     /// whether it is suspected. Nodes with the same view compute the same allocation.
     fn view(&self, st: &RoundState) -> u64 {
+        self.view_with(st, &[])
+    }
+
+    /// The view this node would have with `left` still taking part, unsuspected: with them,
+    /// the view of the last consistent instant if they are all that changed since.
+    fn view_with(&self, st: &RoundState, left: &[Actor]) -> u64 {
         let mut all: Vec<(&str, u64, bool)> = st
             .peers
             .iter()
             .filter(|(_, p)| self.participates(p))
             .map(|(node, p)| (node.as_str(), p.actor.generation, p.suspected))
+            .chain(left.iter().map(|a| (a.node.as_str(), a.generation, false)))
             .collect();
         all.push((&self.me.node, self.me.generation, false));
         all.sort_unstable();
@@ -2786,7 +2799,13 @@ impl Global {
             && before.consistent
             && before.round + 1 == n
             && my_view.is_some()
-            && st.consistent_view == my_view;
+            && (st.consistent_view == my_view
+                // The view changed only by peers that left on purpose, their final frames in:
+                // the participants only shrank, so every starter, sized by its holder's count
+                // of them, still fits (design §3.3.1, "Starters across a late frame").
+                || (!st.left_since.is_empty()
+                    && my_view == Some(self.view(st))
+                    && st.consistent_view == Some(self.view_with(st, &st.left_since))));
         st.stats.kept_rounds += u64::from(kept);
         self.starters_from
             .store(if kept { 0 } else { starters_from }, Ordering::Release);
@@ -3091,6 +3110,7 @@ impl Global {
         }
         if consistent {
             st.consistent_view = my_view;
+            st.left_since.clear();
         }
         // Forget slots no decision can read any more (a scan of every slot: only when a
         // limit's oldest readable slot moves).

@@ -91,6 +91,9 @@ pub struct Sim {
     pub net: Net,
     /// Each node's clock offset from true time.
     pub skew: Vec<i64>,
+    /// When in each 100 ms gossip period a node is told the members it knows of (0: at the
+    /// period's start, with the round boundary; chitchat's rounds are not aligned with ours).
+    pub gossip_at: Vec<Nanos>,
     /// Admissions per (node, window of length [`Sim::window`] by the node's own clock).
     pub admitted: BTreeMap<(usize, u64), u64>,
     /// The window `admitted` is bucketed by.
@@ -151,6 +154,7 @@ impl Sim {
                 ..Net::default()
             },
             skew: vec![0; n],
+            gossip_at: vec![0; n],
             admitted: BTreeMap::new(),
             window: SECOND,
             rejects: 0,
@@ -272,7 +276,7 @@ impl Sim {
 
     /// Membership as a failure detector sees it: j is alive to i if i heard from j within
     /// [`DETECT`]; i knows j's generation as of the last time it heard from it.
-    fn gossip(&mut self) {
+    fn hear(&mut self) {
         let n = self.names.len();
         for i in 0..n {
             for j in 0..n {
@@ -282,21 +286,24 @@ impl Sim {
                 }
             }
         }
-        for i in 0..n {
-            if !self.running(i) {
-                continue;
-            }
-            let members: Vec<MemberInfo> = (0..n)
-                .filter(|&j| j != i)
-                .map(|j| MemberInfo {
-                    actor: Actor::new(self.names[j].clone(), self.known[i][j]),
-                    alive: self.heard[i][j].is_some_and(|t| self.now - t <= DETECT),
-                    left: self.left[j].is_some() && self.known[i][j] == self.generations[j],
-                    published_through: self.left[j].flatten(),
-                })
-                .collect();
-            self.tell(i, members);
+    }
+
+    /// Tells node `i` the members it knows of, as gossip heard up to now has them.
+    fn gossip_to(&mut self, i: usize) {
+        if !self.running(i) {
+            return;
         }
+        let n = self.names.len();
+        let members: Vec<MemberInfo> = (0..n)
+            .filter(|&j| j != i)
+            .map(|j| MemberInfo {
+                actor: Actor::new(self.names[j].clone(), self.known[i][j]),
+                alive: self.heard[i][j].is_some_and(|t| self.now - t <= DETECT),
+                left: self.left[j].is_some() && self.known[i][j] == self.generations[j],
+                published_through: self.left[j].flatten(),
+            })
+            .collect();
+        self.tell(i, members);
     }
 
     /// Sends what node `from` output over the simulated network.
@@ -358,7 +365,14 @@ impl Sim {
         while self.now < end {
             self.now = (self.now + MS).min(end);
             if self.now.is_multiple_of(100 * MS) {
-                self.gossip();
+                self.hear();
+            }
+            for i in 0..self.nodes.len() {
+                if self.now % (100 * MS) == self.gossip_at[i] {
+                    self.gossip_to(i);
+                }
+            }
+            if self.now.is_multiple_of(100 * MS) {
                 self.join();
             }
             for i in 0..self.nodes.len() {

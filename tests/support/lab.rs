@@ -404,8 +404,9 @@ impl Lab {
         for var in GOSSAMER_ENV.into_iter().filter(|v| *v != "RUST_LOG") {
             command.env_remove(var);
         }
+        let log_filter = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".to_owned());
         command
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", log_filter)
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err);
@@ -554,8 +555,14 @@ impl Drop for Lab {
         for link in self.host_links.iter().chain(&self.bridges) {
             let _ = sh_quiet(&["ip", "link", "del", link]);
         }
-        if self.done {
+        if self.done && std::env::var_os("LAB_KEEP_LOGS").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
+        } else if self.done {
+            eprintln!(
+                "[{}] node logs kept in {} (LAB_KEEP_LOGS)",
+                self.name,
+                self.dir.display()
+            );
         } else {
             eprintln!(
                 "[{}] FAILED or timed out; node logs kept in {}",
