@@ -74,6 +74,13 @@ pub const KEEP_ALIVE: Duration = Duration::from_secs(1);
 /// A connection that hears nothing for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// The UDP receive buffer asked for the transport's socket. A round's frames from every peer
+/// arrive at once, and a large one (a full frame, a key storm) is many datagrams: at the
+/// kernel's usual 208 KiB, a burst overflowed it (on 3 release nodes on loopback, 4,034
+/// datagrams dropped in one `benches/key_storm.sh` run) and QUIC resent them tens of ms later,
+/// after the instant that waited for them. Linux grants at most `net.core.rmem_max`; the
+/// buffer the node got is logged at start.
+pub const RECV_BUFFER: usize = 8 << 20;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// At most one warning of a kind per interval; the others are counted and reported with it.
@@ -253,6 +260,35 @@ enum Refusal {
     Busy,
 }
 
+/// A UDP socket bound to `listen` with a receive buffer of up to [`RECV_BUFFER`] (what the
+/// kernel allows): logged, with a hint when it is less than asked.
+fn udp_socket(listen: SocketAddr) -> io::Result<std::net::UdpSocket> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(
+        Domain::for_address(listen),
+        Type::DGRAM,
+        Some(Protocol::UDP),
+    )?;
+    if let Err(e) = socket.set_recv_buffer_size(RECV_BUFFER) {
+        tracing::warn!(%e, "could not size the cluster socket's receive buffer");
+    }
+    socket.bind(&listen.into())?;
+    // Linux reports twice what it grants (its bookkeeping overhead included).
+    let granted = socket.recv_buffer_size().unwrap_or(0) / 2;
+    if granted < RECV_BUFFER {
+        tracing::info!(
+            granted_kib = granted >> 10,
+            asked_kib = RECV_BUFFER >> 10,
+            "the cluster socket's receive buffer is smaller than asked (raise the host's \
+             net.core.rmem_max to {} to keep a burst of frames from being dropped)",
+            RECV_BUFFER
+        );
+    } else {
+        tracing::debug!(granted_kib = granted >> 10, "cluster socket receive buffer");
+    }
+    Ok(socket.into())
+}
+
 impl QuicTransport {
     /// Loads `security` for `node_id` (see [`Security::load`]), binds a UDP socket on
     /// `listen`, and starts accepting. Returns the handle and the channel of inbound frames.
@@ -285,7 +321,16 @@ impl QuicTransport {
             addr: listen,
             source,
         };
-        let endpoint = Endpoint::server(server, listen).map_err(bind_error)?;
+        let socket = udp_socket(listen).map_err(bind_error)?;
+        let runtime = quinn::default_runtime()
+            .ok_or_else(|| bind_error(io::Error::other("no async runtime found")))?;
+        let endpoint = Endpoint::new(
+            quinn::EndpointConfig::default(),
+            Some(server),
+            socket,
+            runtime,
+        )
+        .map_err(bind_error)?;
         let local_addr = endpoint.local_addr().map_err(bind_error)?;
         let shared = Arc::new(Shared {
             endpoint,
@@ -764,6 +809,22 @@ mod tests {
 
     fn any_port() -> SocketAddr {
         SocketAddr::from(([127, 0, 0, 1], 0))
+    }
+
+    /// The transport's socket gets the receive buffer it asks for, or as much as the kernel
+    /// allows (`net.core.rmem_max`): not the default, which a burst of frames overflowed.
+    #[test]
+    fn the_socket_asks_for_a_large_receive_buffer() {
+        let socket = udp_socket(any_port()).unwrap();
+        let granted = socket2::SockRef::from(&socket).recv_buffer_size().unwrap() / 2;
+        let max = std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        assert!(
+            granted >= RECV_BUFFER.min(max),
+            "granted {granted} B, asked {RECV_BUFFER} B, rmem_max {max} B"
+        );
     }
 
     async fn bounded<F: Future<Output = ()>>(test: F) {
