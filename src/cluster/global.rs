@@ -1566,26 +1566,23 @@ impl Global {
             return decision;
         }
         let base = self.my_base(l, s);
-        let carried = if self.starters_in(l, s) {
-            carried_starter(l, w, s, now)
-        } else {
-            None
-        };
         let spendable = match w.grants.iter().find(|g| g.slot == s) {
             // Room held as published (granted, or given back down to this), or a starter.
             Some(g) if base > 0 || !g.is_empty() => g.spendable(),
             // The base: what this node holds of every key it published no holding for.
             None if base > 0 => base.saturating_sub(l.budget(s, now, |x| w.own_in(x))),
+            _ if !self.starters_in(l, s) => 0,
             // A starter running on from the slot before (this check came at the slot's edge,
-            // before the boundary that carries it).
-            _ if carried.is_some() => carried.map_or(0, |g| g.spendable()),
-            _ if used == 0
-                && starter_allowed(l, known, phase, self.unbased(l, s, phase.round))
-                && self.starters_in(l, s) =>
-            {
-                starter(l, participants)
-            }
-            _ => 0,
+            // before the boundary that carries it), or a new one.
+            _ => match carried_starter(l, w, s, now) {
+                Some(g) => g.spendable(),
+                None if used == 0
+                    && starter_allowed(l, known, phase, self.unbased(l, s, phase.round)) =>
+                {
+                    starter(l, participants)
+                }
+                None => 0,
+            },
         };
         // Holding for a partition, in a slot allotted before the side began to hold: a key
         // the last all-reachable instant found idle takes up to a starter's size of this
