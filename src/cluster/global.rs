@@ -679,6 +679,10 @@ pub struct GKey {
     changed_in: u64,
     /// Whether the last instant allotted this key (so it is not idle cluster-wide).
     known: bool,
+    /// Whether the key's windowed limits are in use as of the last instant (counts, demand or
+    /// room held), or since: this shuts their starters. The same as `known` but for a bucket
+    /// beside them, which keeps the key known whether or not anyone uses its windows.
+    windows_known: bool,
     /// Whether the last all-reachable consistent instant that visited this key found its
     /// windowed limits idle (no counts in any slot their budgets read, no room held, no
     /// demand), or it was new since: while a side holds for a partition, such a key may be
@@ -740,6 +744,7 @@ impl GKey {
             counts_in: 0,
             changed_in: 0,
             known: false,
+            windows_known: false,
             idle_at_record: true,
             inputs_changed: true,
             remote_round: 0,
@@ -790,6 +795,9 @@ struct Phase {
     /// until the next boundary, which ends them (design §3.3.1, "Starters across a late
     /// frame").
     kept: bool,
+    /// The last instant had every participant reachable: its holders return (and, for the
+    /// sliding algorithms, carry) at the next boundary (`RoundState::returns`).
+    returns: bool,
     /// The round of the last instant.
     round: u64,
 }
@@ -1246,7 +1254,7 @@ impl Global {
             None => Some(false),
             Some(k) => match k.limits.get(limit)? {
                 LState::Window(w) if w.grants.iter().any(|g| g.slot == s && !g.is_empty()) => None,
-                LState::Window(_) => Some(k.known),
+                LState::Window(_) => Some(k.windows_known),
                 LState::Bucket(_) => None,
             },
         })?;
@@ -1281,7 +1289,8 @@ impl Global {
             open: p & 1 != 0,
             consistent: p & 2 != 0,
             kept: p & 4 != 0,
-            round: p >> 3,
+            returns: p & 8 != 0,
+            round: p >> 4,
         }
     }
 
@@ -1290,7 +1299,8 @@ impl Global {
             u64::from(p.open)
                 | (u64::from(p.consistent) << 1)
                 | (u64::from(p.kept) << 2)
-                | (p.round << 3),
+                | (u64::from(p.returns) << 3)
+                | (p.round << 4),
             Ordering::Release,
         );
     }
@@ -1456,6 +1466,7 @@ impl Global {
                 // before it visits any key, so a check after its visit of this key sees it (a
                 // starter taken on a phase read before could outlive what its frame says).
                 let phase = self.phase();
+                self.carry_early(r, k, now, phase);
                 let (index, decision) = self.decide(r, k, cost, max_wait, now, phase, n);
                 charge(r, k, &decision, cost, now, n, phase.round, &|l, x| {
                     self.my_base(l, x)
@@ -1463,6 +1474,32 @@ impl Global {
                 (index, decision)
             },
         )
+    }
+
+    /// Carries the key's room into a sliding slot that starts at this round's boundary, as
+    /// that boundary will (design §3.3.1, carry), for a check that comes before the boundary
+    /// has visited the key: its timer is late, or it is still visiting other keys (at a
+    /// sub-slot's edge every key in use in a log moves to the new slot, tens of ms of work
+    /// on a busy node). Without it the check found no room in the new slot, and a key in use
+    /// was held for the instant. The condition is the boundary's own (`pre_leased`): the
+    /// last instant was the previous round's, consistent, with every participant reachable,
+    /// so it took this node's holding of the slot that closed as spent in the new one. The
+    /// holding moved, the boundary finds nothing left to carry.
+    fn carry_early(&self, r: &GRule, k: &mut GKey, now: Nanos, phase: Phase) {
+        let t = self.params.round;
+        let n = now / t;
+        if !(phase.consistent && phase.returns && phase.round + 1 == n) {
+            return;
+        }
+        for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
+            let LState::Window(w) = s else { continue };
+            let cur = l.slot(now);
+            let before = |g: &Grant| g.slot + 1 == cur && !g.starter;
+            if l.carries(cur, n * t) && w.grants.iter().any(before) {
+                carry(w, cur);
+                w.grants.retain(|g| !before(g));
+            }
+        }
     }
 
     /// Where `key` stands under global rule `rule` at `now`: what a check of cost 1 would
@@ -1512,7 +1549,7 @@ impl Global {
                 LState::Window(w) => self.decide_window(
                     l,
                     w,
-                    (key.known, key.idle_at_record),
+                    (key.windows_known, key.idle_at_record),
                     cost,
                     now,
                     phase,
@@ -1599,6 +1636,17 @@ impl Global {
         let retry_after = if remaining < cost {
             (slot_end - now).max(self.until_instant(now, phase))
         } else {
+            tracing::debug!(
+                slot = s,
+                grants = ?w.grants,
+                base,
+                starters = self.starters_in(l, s),
+                used,
+                own = l.budget(s, now, |x| w.own_in(x)),
+                known,
+                phase = ?phase,
+                "a window check has room in the cluster but none at this node",
+            );
             self.until_instant(now, phase)
         };
         decision.verdict = Verdict::Deny { retry_after };
@@ -2220,6 +2268,7 @@ impl Global {
                 }
                 // Demand makes the key in use at the coming instant (no starter meanwhile).
                 k.known |= !idle;
+                k.windows_known |= !idle;
                 if k.counts_dirty {
                     k.counts_in = n as u8;
                 }
@@ -2572,6 +2621,7 @@ impl Global {
                 // In use as of this round: no starter until an instant finds it idle
                 // (starters open before the instant has visited every key).
                 k.known |= active;
+                k.windows_known |= active;
                 if !idle {
                     k.remote_round = k.remote_round.max(round);
                 }
@@ -2810,6 +2860,7 @@ impl Global {
             open: true,
             consistent: starters_from != u64::MAX,
             kept,
+            returns: all_reachable,
             round: n,
         });
         // Allot every key. The participants, this node first, then peers in node order.
@@ -2947,6 +2998,7 @@ impl Global {
                     // all-reachable if this one is, and set `idle_at_record` as it stands.
                     return;
                 }
+                let was_windows_known = std::mem::replace(&mut k.windows_known, true);
                 scratch.demands.clear();
                 scratch.reports.clear();
                 for part in &parts {
@@ -2970,7 +3022,7 @@ impl Global {
                             // A check may have taken a starter on this key since starters
                             // opened above: then the key must be idle here.
                             let could_start = self.starters_in(l, l.slot(now))
-                                && !was_known
+                                && !was_windows_known
                                 && w.own.is_empty()
                                 && w.others.is_empty();
                             let in_use = self.lease(
@@ -3032,6 +3084,9 @@ impl Global {
                 }
                 if idle {
                     k.known = false;
+                }
+                if windows_idle {
+                    k.windows_known = false;
                 }
                 if all_reachable {
                     k.idle_at_record = windows_idle;

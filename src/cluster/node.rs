@@ -1010,9 +1010,16 @@ async fn tick_blocking(
         }
         Err(e) => warn!(error = %e, "round failed"),
     }
+    let took = started.elapsed();
+    if took > std::time::Duration::from_millis(20) {
+        debug!(
+            ms = took.as_millis() as u64,
+            "a round tick took over 20 ms: what it sent went out that late"
+        );
+    }
     let mut counts = sender.counts.lock().unwrap_or_else(|p| p.into_inner());
     counts.ticks += 1;
-    counts.tick_seconds += started.elapsed().as_secs_f64();
+    counts.tick_seconds += took.as_secs_f64();
 }
 
 /// Lowers the calling thread's CPU priority as `round_nice` says (a nice value that much
