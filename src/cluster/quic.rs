@@ -77,9 +77,10 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(5);
 /// The UDP receive buffer asked for the transport's socket. A round's frames from every peer
 /// arrive at once, and a large one (a full frame, a key storm) is many datagrams: at the
 /// kernel's usual 208 KiB, a burst overflowed it (on 3 release nodes on loopback, 4,034
-/// datagrams dropped in one `benches/key_storm.sh` run) and QUIC resent them tens of ms later,
-/// after the instant that waited for them. Linux grants at most `net.core.rmem_max`; the
-/// buffer the node got is logged at start.
+/// datagrams dropped in one `benches/key_storm.sh` run), and a dropped datagram's frame
+/// waits for QUIC's loss recovery to resend it (not measured here; at 4 MiB no drops were
+/// seen). Linux grants at most `net.core.rmem_max`; the buffer the node got is logged at
+/// start.
 pub const RECV_BUFFER: usize = 8 << 20;
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
