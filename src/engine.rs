@@ -95,7 +95,9 @@ impl Outcome {
 pub struct RuleState {
     /// The rule as configured.
     pub rule: Rule,
-    store: Store<KeyState>,
+    /// Its keys. Shared with the rule's next definition when a reload changes only the
+    /// numbers of its limits ([`keeps_counts`]), so the counts carry over.
+    store: Arc<Store<KeyState>>,
     /// Checks by [`Outcome`], indexed as [`Outcome::ALL`]. Shared with the rule's next
     /// definition after a reload, so its metrics stay monotonic.
     outcomes: Arc<Striped<4>>,
@@ -260,7 +262,11 @@ pub struct Engine {
 pub struct RuleChanges {
     /// Same definition: the rule keeps its keys and counts.
     pub kept: Vec<String>,
-    /// Redefined (algorithm, limits, scope or `max_wait`): starts with fresh counts.
+    /// Only the numbers of its limits changed (limit, burst; not for a leaky bucket): the
+    /// rule keeps its keys and counts, read against the new numbers.
+    pub relimited: Vec<String>,
+    /// Redefined otherwise (an algorithm, a period, the limits, scope or `max_wait`): starts
+    /// with fresh counts.
     pub changed: Vec<String>,
     /// New rules.
     pub added: Vec<String>,
@@ -400,8 +406,28 @@ impl Engine {
                         .map(|i| Counted::Mesh(g.clone(), i)),
                     Some(Exchange::Tree(_, keys)) => Some(Counted::Tree(keys.clone())),
                 };
+                let store = match old {
+                    Some(old) if keeps_counts(&old.rule, &rule) => {
+                        // Its keys carry over; a bucket's spent tokens carry into the new burst.
+                        if old
+                            .rule
+                            .limits
+                            .iter()
+                            .zip(&rule.limits)
+                            .any(|(a, b)| a.algorithm() == Algorithm::TokenBucket && a != b)
+                        {
+                            let now = clock.now();
+                            old.store.visit(|_, k| {
+                                k.relimit(&old.rule.limits, &rule.limits, now);
+                                true
+                            });
+                        }
+                        old.store.clone()
+                    }
+                    _ => Arc::new(Store::new(keys.clone(), max_keys)),
+                };
                 let state = RuleState {
-                    store: Store::new(keys.clone(), max_keys),
+                    store,
                     outcomes: old.map(|o| o.outcomes.clone()).unwrap_or_default(),
                     denied_with_room: old.map(|o| o.denied_with_room.clone()).unwrap_or_default(),
                     rule,
@@ -425,12 +451,15 @@ impl Engine {
 
     /// The engine for `rules`, built from this one: a rule whose definition is unchanged
     /// shares this engine's state for it (its keys and counts carry over, and checks still
-    /// running on this engine count in the same place); a redefined rule and a new rule start
-    /// fresh; a removed rule's keys go once the last in-flight check on this engine is done.
+    /// running on this engine count in the same place); a rule whose limits changed only in
+    /// their numbers keeps its keys and counts under the new numbers ([`keeps_counts`]);
+    /// any other redefined rule and a new rule start fresh; a removed rule's keys go once the
+    /// last in-flight check on this engine is done.
     ///
     /// On a clustered engine, global rules are fixed for the process: a reload that would add,
-    /// remove or redefine one (including a change of scope) is refused as a whole. Pure: this
-    /// engine is not changed.
+    /// remove or redefine one (including a change of scope) is refused as a whole. This engine
+    /// keeps its rules; only the keys of a relimited token bucket, which the new engine shares,
+    /// are carried to the new burst in place.
     pub fn reload(&self, rules: Vec<Rule>) -> Result<(Engine, RuleChanges), ReloadError> {
         if self.global.is_some() {
             let globals = |rules: &mut dyn Iterator<Item = &Rule>| {
@@ -456,6 +485,7 @@ impl Engine {
             let name = rule.name.clone();
             match self.rules.get(rule.name.as_str()) {
                 Some(old) if old.rule == *rule => changes.kept.push(name),
+                Some(old) if keeps_counts(&old.rule, rule) => changes.relimited.push(name),
                 Some(_) => changes.changed.push(name),
                 None => changes.added.push(name),
             }
@@ -482,7 +512,7 @@ impl Engine {
                 !engine
                     .rules
                     .get(*name)
-                    .is_some_and(|new| Arc::ptr_eq(old, new))
+                    .is_some_and(|new| Arc::ptr_eq(&old.store, &new.store))
             })
             .map(|(_, old)| old.store.evictions())
             .sum();
@@ -805,6 +835,25 @@ impl Engine {
                 .map(|r| r.store.evictions())
                 .sum::<u64>()
     }
+}
+
+/// Whether a rule redefined from `old` to `new` keeps its keys and counts: the same limits in
+/// the same order, each of the same algorithm and period, changed at most in its limit and
+/// burst, with the same scope and `max_wait`. A window's counts and a log's entries do not
+/// depend on the numbers: they are read against the new limit (a key over a lowered limit
+/// waits until its window lets it in). A token bucket's keys are carried at the reload
+/// ([`KeyState::relimit`]): what each spent carries over into the new burst. A leaky bucket's
+/// state is scaled by its rate, so it starts afresh, as does a changed period or algorithm (a
+/// window of another length has other counts).
+fn keeps_counts(old: &Rule, new: &Rule) -> bool {
+    old.scope == new.scope
+        && old.max_wait == new.max_wait
+        && old.limits.len() == new.limits.len()
+        && old.limits.iter().zip(&new.limits).all(|(a, b)| {
+            a.algorithm() == b.algorithm()
+                && a.period() == b.period()
+                && a.algorithm() != Algorithm::LeakyBucket
+        })
 }
 
 /// A decision (or a full store) as a [`Checked`].
@@ -1216,7 +1265,7 @@ mod tests {
         let (next, changes) = e
             .reload(vec![
                 rule("added", Algorithm::TokenBucket, 1, None),
-                rule("grows", Algorithm::FixedWindow, 5, None),
+                rule("grows", Algorithm::SlidingWindowCounter, 5, None),
                 rule("same", Algorithm::FixedWindow, 2, None),
             ])
             .unwrap();
@@ -1224,6 +1273,7 @@ mod tests {
             changes,
             RuleChanges {
                 kept: vec!["same".into()],
+                relimited: vec![],
                 changed: vec!["grows".into()],
                 added: vec!["added".into()],
                 removed: vec!["gone".into()],
@@ -1232,7 +1282,8 @@ mod tests {
         // Unchanged: the spent window carries over, and so do its metrics.
         assert!(!next.check("same", "k", 1, 0).unwrap().decision.allowed());
         assert_eq!(counts(&next, "same"), (1, 2));
-        // Redefined: fresh counts under the new limit; outcome counters continue.
+        // Redefined (another algorithm): fresh counts under the new limit; outcome counters
+        // continue.
         let grows = next.check("grows", "k", 5, 0).unwrap();
         assert!(grows.decision.allowed());
         assert_eq!(grows.decision.limit, 5);
@@ -1254,6 +1305,119 @@ mod tests {
         assert_eq!(next.keys(), 3);
         clock.advance(SECOND);
         assert!(next.check("same", "k", 2, 0).unwrap().decision.allowed());
+    }
+
+    /// A reload that changes only the numbers of a rule's limits (a tenant's quota raised or
+    /// cut) keeps the keys' counts, read against the new numbers, for every algorithm but
+    /// the leaky bucket (whose state is scaled by its rate) and for a composite rule; a
+    /// changed period starts afresh. The kept store is shared, so the key budget counts each
+    /// key once, before and after the old engine goes.
+    #[test]
+    fn reload_of_a_limits_numbers_keeps_the_counts() {
+        let per =
+            |algorithm, limit: u64, period| Limit::new(algorithm, limit, period, None).unwrap();
+        let rules = |n: u64, period| -> Vec<Rule> {
+            let mut rules: Vec<Rule> = [
+                ("w", Algorithm::FixedWindow),
+                ("l", Algorithm::SlidingWindowLog),
+                ("c", Algorithm::SlidingWindowCounter),
+                ("b", Algorithm::TokenBucket),
+                ("q", Algorithm::LeakyBucket),
+            ]
+            .into_iter()
+            .map(|(name, algorithm)| Rule {
+                name: name.into(),
+                limits: vec![per(algorithm, n, period)],
+                scope: Scope::Local,
+                max_wait: 0,
+            })
+            .collect();
+            rules.push(Rule {
+                name: "m".into(),
+                limits: vec![
+                    per(Algorithm::TokenBucket, 10 * n, SECOND),
+                    per(Algorithm::SlidingWindowLog, n, period),
+                ],
+                scope: Scope::Local,
+                max_wait: 0,
+            });
+            rules
+        };
+        let names = ["w", "l", "c", "b", "q", "m"];
+        let (clock, e) = engine(rules(4, SECOND), 100);
+        clock.advance(SECOND / 10);
+        for r in names {
+            assert!(e.check(r, "k", 3, 0).unwrap().decision.allowed(), "{r}");
+        }
+        // Raised to 6: 3 more, then no more (the bucket spent 3 of its burst, so 3 of the new
+        // one are left, and none refilled).
+        let (next, changes) = e.reload(rules(6, SECOND)).unwrap();
+        assert_eq!(changes.relimited, ["w", "l", "c", "b", "m"]);
+        assert_eq!(changes.changed, ["q"]);
+        for r in ["w", "l", "c", "b", "m"] {
+            let d = next.check(r, "k", 3, 0).unwrap().decision;
+            assert!(d.allowed(), "{r}: {d:?}");
+            assert_eq!(d.limit, 6, "{r}");
+            assert!(!next.check(r, "k", 1, 0).unwrap().decision.allowed(), "{r}");
+        }
+        // The leaky bucket started afresh: its whole new burst.
+        assert!(next.check("q", "k", 6, 0).unwrap().decision.allowed());
+        // Each kept key once; the leaky bucket's old key goes with the old engine.
+        assert_eq!(next.keys(), 7);
+        drop(e);
+        assert_eq!(next.keys(), 6);
+        // Cut to 2: the 6 spent are over it, so nothing until the window lets them go.
+        let (cut, changes) = next.reload(rules(2, SECOND)).unwrap();
+        assert_eq!(changes.relimited, ["w", "l", "c", "b", "m"]);
+        for r in ["w", "l", "c", "b", "m"] {
+            let d = cut.check(r, "k", 1, 0).unwrap().decision;
+            assert!(!d.allowed(), "{r}: {d:?}");
+            assert_eq!(d.remaining, 0, "{r}");
+        }
+        // Another period: fresh counts.
+        let (longer, changes) = cut.reload(rules(2, 2 * SECOND)).unwrap();
+        assert_eq!(changes.changed, names);
+        assert!(changes.relimited.is_empty());
+        for r in ["w", "l", "c", "m"] {
+            assert!(
+                longer.check(r, "k", 2, 0).unwrap().decision.allowed(),
+                "{r}"
+            );
+        }
+    }
+
+    /// A token bucket whose limit (and so burst) is raised or cut on reload carries what each
+    /// key spent, not what it has left: a key that spent 2 of 4 has 8 of a new 10, one that
+    /// spent all 4 has 6; cut to 3, both have none.
+    #[test]
+    fn a_relimited_bucket_carries_what_each_key_spent() {
+        let hourly = |n: u64| Rule {
+            name: "b".into(),
+            limits: vec![Limit::new(Algorithm::TokenBucket, n, 3600 * SECOND, None).unwrap()],
+            scope: Scope::Local,
+            max_wait: 0,
+        };
+        let (_, e) = engine(vec![hourly(4)], 10);
+        assert!(e.check("b", "half", 2, 0).unwrap().decision.allowed());
+        assert!(e.check("b", "all", 4, 0).unwrap().decision.allowed());
+        let (next, changes) = e.reload(vec![hourly(10)]).unwrap();
+        assert_eq!(changes.relimited, ["b"]);
+        for (key, left) in [("half", 8), ("all", 6)] {
+            let d = next.check("b", key, left, 0).unwrap().decision;
+            assert!(d.allowed(), "{key}: {d:?}");
+            assert!(
+                !next.check("b", key, 1, 0).unwrap().decision.allowed(),
+                "{key}"
+            );
+        }
+        let (cut, _) = next.reload(vec![hourly(3)]).unwrap();
+        for key in ["half", "all"] {
+            assert!(
+                !cut.check("b", key, 1, 0).unwrap().decision.allowed(),
+                "{key}"
+            );
+        }
+        assert!(cut.check("b", "new", 3, 0).unwrap().decision.allowed());
     }
 
     #[test]
@@ -1339,18 +1503,22 @@ mod tests {
                 rule("l", Algorithm::TokenBucket, 5, None),
             ])
             .unwrap();
-        assert_eq!(changes.changed, ["l"]);
+        assert_eq!(changes.relimited, ["l"]);
         assert!(next.rule("g").unwrap().is_clustered());
         assert!(!next.rule("l").unwrap().is_clustered());
     }
 
     #[test]
     fn single_node_reload_redefines_global_rules_like_local_ones() {
-        let (_, e) = engine(vec![global("g", 1)], 10);
+        let (clock, e) = engine(vec![global("g", 1)], 10);
         e.check("g", "k", 1, 0).unwrap();
         let (next, changes) = e.reload(vec![global("g", 2)]).unwrap();
-        assert_eq!(changes.changed, ["g"]);
-        assert!(next.check("g", "k", 2, 0).unwrap().decision.allowed());
+        assert_eq!(changes.relimited, ["g"]);
+        // The bucket spent 1 of its burst: 1 of the new one is left.
+        assert!(next.check("g", "k", 1, 0).unwrap().decision.allowed());
+        assert!(!next.check("g", "k", 1, 0).unwrap().decision.allowed());
+        clock.advance(SECOND / 2);
+        assert!(next.check("g", "k", 1, 0).unwrap().decision.allowed());
     }
 
     #[test]
@@ -1581,7 +1749,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rule_redefined_since_the_reservation_gets_nothing_back() {
+    fn a_rule_relimited_or_redefined_since_the_reservation_gets_nothing_back() {
         let (_, e) = engine(vec![per_minute("w", Algorithm::FixedWindow, 10)], 10);
         let id = reserve(&e, "w", "k", 8);
         let (next, _) = e
@@ -1589,12 +1757,20 @@ mod tests {
             .unwrap();
         let s = next.settle(&id, 2).unwrap();
         assert_eq!((s.refunded, s.unpaid), (0, 0));
+        // Relimited, the rule kept its counts: the 8 reserved still count against the 20.
+        assert_eq!(remaining(&next, "w", "k"), 12);
+        // Another period: fresh counts, and nothing back either.
+        let id = reserve(&next, "w", "k", 3);
+        let two_minutes = Rule {
+            limits: vec![Limit::new(Algorithm::FixedWindow, 20, 120 * SECOND, None).unwrap()],
+            ..per_minute("w", Algorithm::FixedWindow, 20)
+        };
+        let (next, _) = next.reload(vec![two_minutes.clone()]).unwrap();
+        assert_eq!(next.settle(&id, 1).unwrap().refunded, 0);
         assert_eq!(remaining(&next, "w", "k"), 20);
         // An unchanged rule keeps its reservations across a reload.
         let id = reserve(&next, "w", "k", 5);
-        let (again, _) = next
-            .reload(vec![per_minute("w", Algorithm::FixedWindow, 20)])
-            .unwrap();
+        let (again, _) = next.reload(vec![two_minutes]).unwrap();
         assert_eq!(again.settle(&id, 1).unwrap().refunded, 4);
     }
 

@@ -200,9 +200,12 @@ fn sighup_reloads_rules_keeping_unchanged_counts_and_refuses_an_invalid_file() {
     node.hangup();
     node.until("the new limit is served", |n| n.check("added", 1).0 == 200);
     assert!(node.reloads().0 >= 1.0);
-    let (status, body) = node.check("changed", 5);
-    assert_eq!(status, 200, "a redefined rule starts fresh: {body}");
+    // Its limit (and burst) went from 1 to 5: the 1 spent carries over, 4 are left.
+    let (status, body) = node.check("changed", 4);
+    assert_eq!(status, 200, "a relimited rule keeps what was spent: {body}");
     assert_eq!(body["limit"], 5);
+    let (status, body) = node.check("changed", 1);
+    assert_eq!(status, 429, "and no more: {body}");
     let (status, body) = node.check("kept", 1);
     assert_eq!(status, 429, "an unchanged rule keeps its counts: {body}");
     assert_eq!(
@@ -275,8 +278,10 @@ fn a_configmap_style_symlink_swap_is_picked_up_without_a_signal() {
     node.until("the swapped file is loaded", |n| {
         n.check("added", 1).0 == 200
     });
-    let (status, body) = node.check("changed", 3);
+    // 1 of the old 1 spent, 2 of the new 3 left.
+    let (status, body) = node.check("changed", 2);
     assert_eq!((status, body["limit"].as_u64()), (200, Some(3)));
+    assert_eq!(node.check("changed", 1).0, 429);
     assert_eq!(node.reloads(), (1.0, 0.0));
     assert!(
         node.metric("gossamer_config_last_reload_success_timestamp_seconds") > 1.6e9,

@@ -181,8 +181,8 @@ impl App {
         self.served.load_full()
     }
 
-    /// Replaces the rules with `rules` ([`Engine::reload`]: unchanged rules keep their
-    /// counts, redefined and new ones start fresh). On an error the running rules stay.
+    /// Replaces the rules with `rules` ([`Engine::reload`]: unchanged and relimited rules
+    /// keep their counts, otherwise redefined and new ones start fresh). On an error the running rules stay.
     /// Counts the result in [`App::reloads`].
     pub fn reload(&self, rules: Vec<Rule>) -> Result<RuleChanges, ReloadError> {
         let _one_at_a_time = self.reloading.lock().unwrap_or_else(|p| p.into_inner());

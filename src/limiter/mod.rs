@@ -261,6 +261,18 @@ impl Limit {
         }
     }
 
+    /// Carries `state`, kept under `old`, to this limit at `now`: the same algorithm and
+    /// period with other numbers (a reload). Only a token bucket's state needs it (what it
+    /// spent carries over, [`token_bucket::relimit`]); the windows' counts and a log's
+    /// entries do not depend on the numbers.
+    pub fn relimit(&self, state: &mut State, old: &Limit, now: Nanos) {
+        if let State::TokenBucket(s) = state
+            && (old.limit, old.burst) != (self.limit, self.burst)
+        {
+            token_bucket::relimit(s, old, self, now);
+        }
+    }
+
     /// The state of a key never seen before.
     pub fn fresh_state(&self) -> State {
         match self.algorithm {
@@ -382,6 +394,14 @@ impl KeyState {
         match self {
             KeyState::One(s) => std::slice::from_ref(s),
             KeyState::Many(s) => s,
+        }
+    }
+
+    /// Carries the key from `old` to `new` limits (pairwise the same algorithm and period):
+    /// [`Limit::relimit`].
+    pub fn relimit(&mut self, old: &[Limit], new: &[Limit], now: Nanos) {
+        for ((state, old), new) in self.states_mut().iter_mut().zip(old).zip(new) {
+            new.relimit(state, old, now);
         }
     }
 

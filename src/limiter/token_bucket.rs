@@ -102,6 +102,16 @@ pub fn receipt(state: &State, limit: &Limit, now: Nanos) -> Receipt {
     }
 }
 
+/// Carries a key's bucket from `old` to `new` at `now`, a limit of the same period with
+/// another rate or burst (a reload): the tokens spent carry over, not the tokens left, so a
+/// raised burst gives the key the extra room at once (an idle key is full under the new
+/// burst) and a cut one takes it away. Refilling goes on from now at the new rate.
+pub fn relimit(state: &mut State, old: &Limit, new: &Limit, now: Nanos) {
+    let spent = capacity(old) - level(state, old, now);
+    state.tokens = capacity(new).saturating_sub(spent);
+    state.last = state.last.max(now);
+}
+
 /// Puts back up to `amount` tokens of the charge `receipt` describes, at `now`.
 ///
 /// Why not all of them: the refill since the charge may have reached the cap, where a bucket

@@ -8,7 +8,8 @@
 //!
 //! A reload re-reads the file with the same flag and environment overrides as at start and
 //! validates it completely ([`Config::load`]). Then only the rules are applied
-//! ([`App::reload`]): unchanged rules keep their counts, redefined and new ones start fresh,
+//! ([`App::reload`]): unchanged rules keep their counts, and so do rules whose limits change only in their
+//! numbers; otherwise redefined and new ones start fresh,
 //! removed ones go. Everything else (`[server]`, `[cluster]`) is read at start only; a change
 //! there is logged as needing a restart. A file that cannot be read or validated, or (in a
 //! cluster) a change to the global rules, is refused: the running rules stay, the error is
@@ -181,10 +182,11 @@ pub async fn reload(
             info!(
                 %trigger, %file,
                 kept = ?changes.kept,
+                relimited = ?changes.relimited,
                 changed = ?changes.changed,
                 added = ?changes.added,
                 removed = ?changes.removed,
-                "config reloaded (changed rules start with fresh counts)"
+                "config reloaded (relimited rules keep their counts, changed rules start afresh)"
             );
             // Peers compare rules by this hash: publish the one now in force.
             if let Some(cluster) = app.cluster.get() {
