@@ -2044,6 +2044,25 @@ fn load_logged(
     }
 }
 
+/// Loads `key` under `rule` flat out at every node of `sim` for 2 s after the admissions in
+/// `log`, and asserts that the exact sliding budget of `limit` (of 100) never went over at
+/// any of them; returns the admissions in all.
+fn flat_out_within(
+    sim: &mut Sim,
+    rule: &str,
+    limit: &Limit,
+    key: &str,
+    log: Vec<Nanos>,
+    what: &str,
+) -> usize {
+    let mut logs = vec![log];
+    let load = vec![1000; sim.nodes.len()];
+    load_logged(sim, &[rule], key, &load, 2 * SECOND, &mut logs);
+    let worst = worst_sliding(limit, &logs[0]);
+    assert!(worst <= 100.0 + 1e-9, "{what}: a budget of {worst:.2}");
+    logs[0].len()
+}
+
 /// The most a sliding limit's exact budget read at any admission: for a log, what was
 /// admitted in the period ending there; for a counter, the previous window's count weighted
 /// by what is left of it, plus the current window's (§3.4).
@@ -2304,21 +2323,10 @@ fn a_starter_spent_in_the_slot_after_the_keys_first_count_is_charged() {
                     }
                     sim.advance(wait);
                 }
-                load_logged(
-                    &mut sim,
-                    &[names[r]],
-                    "k",
-                    &vec![1000; nodes],
-                    2 * SECOND,
-                    &mut logs,
-                );
-                let worst = worst_sliding(&limits[r], &logs[0]);
-                assert!(
-                    worst <= 100.0 + 1e-9,
-                    "{nodes} nodes, seed {seed}, {}: a budget of {worst:.2}",
-                    names[r]
-                );
-                assert!(logs[0].len() >= 100, "{}: {}", names[r], logs[0].len());
+                let what = format!("{nodes} nodes, seed {seed}, {}", names[r]);
+                let [log] = logs.try_into().expect("one log");
+                let admitted = flat_out_within(&mut sim, names[r], &limits[r], "k", log, &what);
+                assert!(admitted >= 100, "{what}: {admitted}");
             }
         }
     }
@@ -2388,22 +2396,9 @@ fn a_burst_across_a_slots_edge_runs_on_its_starter() {
                 }
             }
             for (r, key, log) in runs {
-                let mut one = vec![log];
-                let rule = names[r];
-                load_logged(
-                    &mut sim,
-                    &[rule],
-                    &key,
-                    &vec![1000; nodes],
-                    2 * SECOND,
-                    &mut one,
-                );
-                let worst = worst_sliding(&limits[r], &one[0]);
-                assert!(
-                    worst <= 100.0 + 1e-9,
-                    "{nodes} nodes, seed {seed}, {key}: a budget of {worst:.2}"
-                );
-                assert!(one[0].len() >= 100, "{key}: {}", one[0].len());
+                let what = format!("{nodes} nodes, seed {seed}, {key}");
+                let admitted = flat_out_within(&mut sim, names[r], &limits[r], &key, log, &what);
+                assert!(admitted >= 100, "{what}: {admitted}");
             }
         }
     }
@@ -2492,16 +2487,8 @@ fn a_check_at_a_slots_edge_before_the_boundary_carries_the_keys_room() {
                     now_held < was,
                     "{what}: carried twice? before the edge {held:?}, after {after:?}"
                 );
-                load_logged(
-                    &mut sim,
-                    &[rule],
-                    &key,
-                    &vec![1000; nodes],
-                    2 * SECOND,
-                    &mut log,
-                );
-                let worst = worst_sliding(&limits[r], &log[0]);
-                assert!(worst <= 100.0 + 1e-9, "{what}: a budget of {worst:.2}");
+                let [log] = log.try_into().expect("one log");
+                flat_out_within(&mut sim, rule, &limits[r], &key, log, &what);
             }
         }
     }
