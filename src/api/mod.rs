@@ -182,7 +182,8 @@ impl App {
     }
 
     /// Replaces the rules with `rules` ([`Engine::reload`]: unchanged and relimited rules
-    /// keep their counts, otherwise redefined and new ones start fresh). On an error the running rules stay.
+    /// keep their counts, otherwise redefined and new ones start fresh). On an error the
+    /// running rules stay.
     /// Counts the result in [`App::reloads`].
     pub fn reload(&self, rules: Vec<Rule>) -> Result<RuleChanges, ReloadError> {
         let _one_at_a_time = self.reloading.lock().unwrap_or_else(|p| p.into_inner());

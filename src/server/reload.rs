@@ -8,9 +8,8 @@
 //!
 //! A reload re-reads the file with the same flag and environment overrides as at start and
 //! validates it completely ([`Config::load`]). Then only the rules are applied
-//! ([`App::reload`]): unchanged rules keep their counts, and so do rules whose limits change only in their
-//! numbers; otherwise redefined and new ones start fresh,
-//! removed ones go. Everything else (`[server]`, `[cluster]`) is read at start only; a change
+//! ([`App::reload`]): unchanged rules keep their counts, and so do rules whose limits change
+//! only in their numbers; otherwise redefined and new ones start fresh, removed ones go. Everything else (`[server]`, `[cluster]`) is read at start only; a change
 //! there is logged as needing a restart. A file that cannot be read or validated, or (in a
 //! cluster) a change to the global rules, is refused: the running rules stay, the error is
 //! logged with the file, rule and field, and counted in `gossamer_config_reloads_total`.
