@@ -802,6 +802,16 @@ struct Phase {
     round: u64,
 }
 
+impl Phase {
+    /// Whether the last instant pre-leased the slots that start at round `n`'s boundary, so
+    /// that the boundary (or a check before it, [`Global::carry_early`]) carries a sliding
+    /// slot's holding into the next: it was the previous round's (so no boundary has run
+    /// since, and its phase is still open), consistent, with every participant reachable.
+    fn pre_leased(self, n: u64) -> bool {
+        self.consistent && self.returns && self.round + 1 == n
+    }
+}
+
 /// A peer as the round protocol tracks it.
 #[derive(Debug)]
 struct Peer {
@@ -1488,7 +1498,7 @@ impl Global {
     fn carry_early(&self, r: &GRule, k: &mut GKey, now: Nanos, phase: Phase) {
         let t = self.params.round;
         let n = now / t;
-        if !(phase.consistent && phase.returns && phase.round + 1 == n) {
+        if !phase.pre_leased(n) {
             return;
         }
         for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {
@@ -2157,7 +2167,7 @@ impl Global {
         // A slot that starts now was pre-leased by this node's last instant if that was the
         // previous round's, consistent with every participant reachable: then what it holds
         // of the slot that closes was counted there as spent in the new one (see `carry`).
-        let pre_leased = phase.open && phase.consistent && st.returns && phase.round + 1 == n;
+        let pre_leased = phase.pre_leased(n);
         // A full boundary visits (and lists) every key. Any other visits the listed keys and
         // sweeps one shard of the rest (a shard a round, every key in `SHARDS` rounds) for
         // keys to forget: a listed visit alone would never see a dormant one.
