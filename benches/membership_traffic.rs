@@ -33,6 +33,8 @@ async fn measure(n: usize) -> (f64, Duration) {
             quic_addr: SocketAddr::new(addr(i).ip(), addr(i).port() + 1),
             version: env!("CARGO_PKG_VERSION").into(),
             rules_hash: "0123456789abcdef".into(),
+            // What a node with four global rules publishes (the README's tiers).
+            limits: r#"{"bucket":[[60,60]],"fixed":[[60,60]],"hybrid":[[10,20],[300,300]],"log":[[60,60]]}"#.into(),
         };
         let node = Membership::start_with_transport(cfg, meta, &transport)
             .await

@@ -469,15 +469,37 @@ impl Engine {
             };
             let before = globals(&mut self.rules.values().map(|r| &r.rule));
             let after = globals(&mut rules.iter());
-            if before != after {
-                let mut names: Vec<String> = before
-                    .iter()
-                    .chain(&after)
-                    .filter(|r| !(before.contains(r) && after.contains(r)))
-                    .map(|r| format!("\"{}\"", r.name))
-                    .collect();
-                names.dedup();
+            // Over the mesh, a rule whose limits change only in their numbers is relimited
+            // in place: the cluster runs the smaller numbers until every member has the same
+            // (`Global::relimit`).
+            let relimited = |r: &Rule| {
+                matches!(self.global, Some(Exchange::Mesh(_)))
+                    && before
+                        .iter()
+                        .find(|b| b.name == r.name)
+                        .is_some_and(|b| keeps_counts(b, r))
+            };
+            let mut names: Vec<String> = before
+                .iter()
+                .chain(&after)
+                .filter(|r| !(before.contains(r) && after.contains(r)))
+                .filter(|r| !(after.iter().any(|a| a.name == r.name && relimited(a))))
+                .map(|r| format!("\"{}\"", r.name))
+                .collect();
+            names.dedup();
+            if !names.is_empty() {
                 return Err(ReloadError::GlobalRulesChanged(names));
+            }
+            if let Some(Exchange::Mesh(global)) = &self.global {
+                for rule in after.iter().filter(|r| !before.contains(r)) {
+                    let index = global.rule_index(&rule.name);
+                    if let Some(Err(e)) = index.map(|i| global.relimit(i, &rule.limits)) {
+                        return Err(ReloadError::GlobalRulesChanged(vec![format!(
+                            "\"{}\" ({e})",
+                            rule.name
+                        )]));
+                    }
+                }
             }
         }
         let mut changes = RuleChanges::default();
@@ -1475,16 +1497,20 @@ mod tests {
     }
 
     #[test]
-    fn clustered_reload_refuses_any_change_to_global_rules() {
-        let e = clustered(vec![
-            global("g", 10),
-            rule("l", Algorithm::TokenBucket, 1, None),
-        ]);
+    fn clustered_reload_relimits_global_rules_and_refuses_any_other_change() {
+        let rules = vec![global("g", 10), rule("l", Algorithm::TokenBucket, 1, None)];
+        let clock = Arc::new(ManualClock::new(T0));
+        let me = Actor::new("a".to_owned(), 1);
+        let (e, g) = Engine::clustered(rules, 100, clock, me, Params::default()).unwrap();
+        let window = |name: &str| Rule {
+            scope: Scope::Global,
+            ..rule(name, Algorithm::FixedWindow, 10, None)
+        };
         let refused = [
-            vec![global("g", 20), rule("l", Algorithm::TokenBucket, 1, None)],
             vec![global("g", 10), global("h", 1)],
             vec![rule("l", Algorithm::TokenBucket, 1, None)],
             vec![rule("g", Algorithm::TokenBucket, 10, None)],
+            vec![window("g")],
         ];
         for rules in refused {
             let err = e.reload(rules.clone()).unwrap_err();
@@ -1494,16 +1520,23 @@ mod tests {
                 "{err}"
             );
         }
-        let ReloadError::GlobalRulesChanged(names) = e.reload(vec![global("g", 20)]).unwrap_err();
+        let ReloadError::GlobalRulesChanged(names) = e.reload(vec![window("g")]).unwrap_err();
         assert_eq!(names, ["\"g\""]);
-        // Local rules reload; unchanged global rules stay with the same Global.
+        assert_eq!(
+            g.numbers_in_force()["g"],
+            [(10, 10)],
+            "a refused reload changes nothing"
+        );
+        // A global rule's numbers change in place, on the same Global; local rules reload.
         let (next, changes) = e
             .reload(vec![
-                global("g", 10),
+                global("g", 20),
                 rule("l", Algorithm::TokenBucket, 5, None),
             ])
             .unwrap();
-        assert_eq!(changes.relimited, ["l"]);
+        assert_eq!(changes.relimited, ["g", "l"]);
+        assert_eq!(g.own_numbers()["g"], [(20, 20)]);
+        assert_eq!(g.numbers_in_force()["g"], [(20, 20)]);
         assert!(next.rule("g").unwrap().is_clustered());
         assert!(!next.rule("l").unwrap().is_clustered());
     }

@@ -24,6 +24,7 @@ fn meta(port: u16, rules_hash: &str) -> NodeMeta {
         quic_addr: addr(port + 1000),
         version: "0.1.0".into(),
         rules_hash: rules_hash.into(),
+        limits: String::new(),
     }
 }
 

@@ -289,16 +289,14 @@ fn a_configmap_style_symlink_swap_is_picked_up_without_a_signal() {
     );
 }
 
-#[test]
-fn a_clustered_node_refuses_to_change_global_rules_but_reloads_local_ones() {
-    let dir = TempDir::new();
-    let path = dir.0.join("gossamer.toml");
-    let config = |global_limit: u64, local_limit: u64| {
-        format!(
-            r#"
+/// A clustered node's config: global rule `g` (`algorithm`, `global_limit` per hour) and
+/// local rule `l`.
+fn clustered_config(algorithm: &str, global_limit: u64, local_limit: u64) -> String {
+    format!(
+        r#"
 [[rule]]
 name = "g"
-algorithm = "token_bucket"
+algorithm = "{algorithm}"
 limit = {global_limit}
 period = "1h"
 scope = "global"
@@ -310,18 +308,42 @@ limit = {local_limit}
 period = "1h"
 scope = "local"
 "#
-        )
+    )
+}
+
+fn udp_port() -> String {
+    let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("udp port 0");
+    format!("127.0.0.1:{}", socket.local_addr().expect("addr").port())
+}
+
+/// `GET /v1/cluster` as JSON.
+fn cluster_view(n: &Node) -> Option<serde_json::Value> {
+    let (_, body) = n.request("GET", "/v1/cluster", "")?;
+    serde_json::from_str(&body).ok()
+}
+
+/// The numbers of global rule `g` a node has in force (`limits_in_force`), and those the member
+/// `node_id` publishes, as `[limit, burst]`.
+fn g_numbers(n: &Node, node_id: &str) -> (Option<serde_json::Value>, Option<serde_json::Value>) {
+    let Some(v) = cluster_view(n) else {
+        return (None, None);
     };
-    write_config(&path, &config(2, 1));
-    let gossip = {
-        let socket = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("udp port 0");
-        socket.local_addr().expect("addr").port()
-    };
-    let gossip = format!("127.0.0.1:{gossip}");
+    let member = v["members"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["node_id"] == node_id))
+        .map(|m| m["limits"]["g"][0].clone());
+    (Some(v["limits_in_force"]["g"][0].clone()), member)
+}
+
+#[test]
+fn a_clustered_node_relimits_global_rules_refuses_other_changes_and_reloads_local_ones() {
+    let dir = TempDir::new();
+    let path = dir.0.join("gossamer.toml");
+    write_config(&path, &clustered_config("token_bucket", 2, 1));
+    let gossip = udp_port();
     let mut node = Node::start(&path, &["--gossip", &gossip, "--node-id", "solo"]);
     let own_hash = |n: &Node| -> Option<String> {
-        let (_, body) = n.request("GET", "/v1/cluster", "")?;
-        let v: serde_json::Value = serde_json::from_str(&body).ok()?;
+        let v = cluster_view(n)?;
         let me = v["members"]
             .as_array()?
             .iter()
@@ -333,7 +355,8 @@ scope = "local"
     });
     let started_with = own_hash(&node);
 
-    write_config(&path, &config(20, 1));
+    // A changed algorithm needs a restart.
+    write_config(&path, &clustered_config("fixed_window", 2, 1));
     node.hangup();
     node.until("the refused reload is counted and logged", |n| {
         n.reloads().1 >= 1.0
@@ -343,12 +366,76 @@ scope = "local"
     let (_, body) = node.check("g", 1);
     assert_eq!(body["limit"], 2, "the global rule is unchanged: {body}");
 
-    write_config(&path, &config(2, 4));
+    // Its numbers change in place: a cluster of one is in force at once.
+    write_config(&path, &clustered_config("token_bucket", 20, 1));
+    node.hangup();
+    node.until("the global rule is relimited", |n| {
+        n.check("g", 1).1["limit"] == 20
+    });
+    assert!(node.log().contains("relimited=[\"g\"]"), "{}", node.log());
+
+    write_config(&path, &clustered_config("token_bucket", 20, 4));
     node.hangup();
     node.until("the local rule is reloaded", |n| n.check("l", 4).0 == 200);
-    assert_eq!(node.check("g", 1).1["limit"], 2);
+    assert_eq!(node.check("g", 1).1["limit"], 20);
     // Peers compare rules by the published hash: it follows the reload.
     node.until("the rules hash in gossip follows the reload", |n| {
         own_hash(n).is_some_and(|h| Some(&h) != started_with.as_ref())
     });
+}
+
+/// Two clustered nodes, each with its own file: a raise is in force once both have it, a cut
+/// as soon as either has it, and each node shows the other's numbers in `/v1/cluster`.
+#[test]
+fn clustered_nodes_run_the_smaller_of_their_limits() {
+    let dir = TempDir::new();
+    let (path_a, path_b) = (dir.0.join("a.toml"), dir.0.join("b.toml"));
+    write_config(&path_a, &clustered_config("fixed_window", 100, 1));
+    write_config(&path_b, &clustered_config("fixed_window", 100, 1));
+    let (gossip_a, gossip_b) = (udp_port(), udp_port());
+    let mut a = Node::start(&path_a, &["--gossip", &gossip_a, "--node-id", "a"]);
+    let mut b = Node::start(
+        &path_b,
+        &[
+            "--gossip",
+            &gossip_b,
+            "--node-id",
+            "b",
+            "--seeds",
+            &gossip_a,
+        ],
+    );
+    let pair = |l: u64| Some(serde_json::json!([l, l]));
+    a.until("a sees b's numbers", |n| g_numbers(n, "b").1 == pair(100));
+
+    write_config(&path_a, &clustered_config("fixed_window", 300, 1));
+    a.hangup();
+    b.until("b hears a's new numbers", |n| {
+        g_numbers(n, "a").1 == pair(300)
+    });
+    for n in [&a, &b] {
+        assert_eq!(g_numbers(n, "a").0, pair(100), "a raise at one node only");
+        assert_eq!(n.check("g", 1).1["limit"], 100);
+    }
+    write_config(&path_b, &clustered_config("fixed_window", 300, 1));
+    b.hangup();
+    for n in [&mut a, &mut b] {
+        n.until("the raise is in force once both have it", |n| {
+            g_numbers(n, "a").0 == pair(300)
+        });
+        assert_eq!(n.check("g", 1).1["limit"], 300);
+    }
+    // A cut at one node is in force at both.
+    write_config(&path_a, &clustered_config("fixed_window", 50, 1));
+    a.hangup();
+    for n in [&mut a, &mut b] {
+        n.until("a cut at one node is in force at both", |n| {
+            g_numbers(n, "a").0 == pair(50)
+        });
+    }
+    assert_eq!(b.check("g", 1).1["limit"], 50);
+    assert!(
+        b.metric("gossamer_cluster_members_on_other_limits{published=\"differ\"}") == 1.0,
+        "b counts a as on other limits"
+    );
 }

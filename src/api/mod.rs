@@ -1019,6 +1019,7 @@ async fn cluster(State(app): State<Arc<App>>) -> Response {
                 "quic": m.meta.as_ref().map(|meta| meta.quic_addr.to_string()),
                 "version": m.meta.as_ref().map(|meta| meta.version.clone()),
                 "rules_hash": m.meta.as_ref().map(|meta| meta.rules_hash.clone()),
+                "limits": m.meta.as_ref().and_then(|meta| serde_json::from_str::<serde_json::Value>(&meta.limits).ok()),
                 "alive": m.alive,
                 "self": m.is_self,
                 "last_seen_ms": m.last_seen.map(|d| d.as_millis() as u64),
@@ -1033,6 +1034,7 @@ async fn cluster(State(app): State<Arc<App>>) -> Response {
         "clustered": true,
         "secure": cluster.secure(),
         "ready": cluster.ready(),
+        "limits_in_force": cluster.limits_in_force(),
         "members": members,
     }))
     .into_response()

@@ -42,6 +42,7 @@ pub fn node() -> Global {
             alive: true,
             left: false,
             published_through: None,
+            numbers: None,
         }],
         NOW,
     );

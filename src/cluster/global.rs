@@ -170,6 +170,12 @@ pub enum GlobalError {
     /// δ must leave room in the round.
     #[error("settle time must be shorter than half the round")]
     Settle,
+    /// A rule's limits changed in more than their numbers (an algorithm, a period, a leaky
+    /// bucket's rate, how many), or no such rule.
+    #[error(
+        "only the numbers of a global rule's limits (limit, burst) can change while the node runs"
+    )]
+    Relimit,
 }
 
 /// A member of the cluster as the membership layer reports it.
@@ -186,7 +192,15 @@ pub struct MemberInfo {
     /// round (it stopped admitting before that round's boundary). A peer that applied that
     /// frame knows its final counts and charges no retirement.
     pub published_through: Option<u64>,
+    /// The numbers of its global rules' limits as it publishes them (`None`: it publishes
+    /// none, as a node of an earlier version): the numbers in force are the smaller of this
+    /// node's and those of every live member (see [`Global::relimit`]).
+    pub numbers: Option<Arc<RuleNumbers>>,
 }
+
+/// The numbers of a node's global rules as it publishes them: per rule name, `(limit, burst)`
+/// of each of the rule's limits in order.
+pub type RuleNumbers = BTreeMap<String, Vec<(u64, u64)>>;
 
 /// Something for the caller to send.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -264,6 +278,9 @@ pub struct Stats {
     /// Instants that visited every key (their inputs moved for all: a view change, a
     /// suspicion, a side regrown).
     pub full_instants: u64,
+    /// Times the numbers in force of some global limit changed ([`Global::relimit`], or a
+    /// member's published numbers).
+    pub numbers_changes: u64,
 }
 
 /// Full frames sent, by cause ([`Stats::full_frames`]).
@@ -298,7 +315,17 @@ impl Kind {
 /// One limit of a global rule with what the cluster needs to count it.
 #[derive(Debug)]
 struct GLimit {
-    limit: Limit,
+    /// The limit as this node started with it: its algorithm and period hold for the
+    /// process; its numbers are `numbers`.
+    shape: Limit,
+    /// The numbers in force, `(limit, burst)`: the smaller of this node's own and those of
+    /// every live member that runs the rule (design §3.8). Written only
+    /// under the round lock; the check path may read one half of a change before the other,
+    /// a mix of two limits in force one after the other.
+    numbers: [AtomicU64; 2],
+    /// The largest numbers this node or any member has run the limit with since this node
+    /// started: what a peer's frame may say it counted or holds is judged against them.
+    ceiling: [AtomicU64; 2],
     kind: Kind,
     /// Length of one counting slot.
     slot_len: Nanos,
@@ -309,6 +336,35 @@ struct GLimit {
 }
 
 impl GLimit {
+    fn new(shape: Limit, kind: Kind, slot_len: Nanos, subslots: u64, label: String) -> GLimit {
+        let pair = || [AtomicU64::new(shape.limit()), AtomicU64::new(shape.burst())];
+        GLimit {
+            shape,
+            numbers: pair(),
+            ceiling: pair(),
+            kind,
+            slot_len,
+            subslots,
+            label,
+        }
+    }
+
+    /// The limit in force.
+    fn limit(&self) -> Limit {
+        self.shape.with_numbers(
+            self.numbers[0].load(Ordering::Relaxed),
+            self.numbers[1].load(Ordering::Relaxed),
+        )
+    }
+
+    /// The largest limit run anywhere since this node started (see `ceiling`).
+    fn ceiling(&self) -> Limit {
+        self.shape.with_numbers(
+            self.ceiling[0].load(Ordering::Relaxed),
+            self.ceiling[1].load(Ordering::Relaxed),
+        )
+    }
+
     /// Slots a decision at slot `s` reads, oldest first: `s - span + 1 ..= s`.
     fn span(&self) -> u64 {
         match self.kind {
@@ -729,7 +785,7 @@ impl GKey {
                         published: (0, 0),
                     };
                     if settled {
-                        b.level = b.cap(&l.limit);
+                        b.level = b.cap(&l.limit());
                     }
                     LState::Bucket(b)
                 }
@@ -775,7 +831,7 @@ impl GKey {
                     b.returned == 0
                         && b.give == 0
                         && b.held_report(default_share(participants)).is_empty()
-                        && b.level_at(&l.limit, now) >= b.cap(&l.limit)
+                        && b.level_at(&l.limit(), now) >= b.cap(&l.limit())
                 }
             })
     }
@@ -1038,6 +1094,13 @@ struct RoundState {
     /// inputs; an instant that finds it changed visits every key (a degraded instant between
     /// allots nothing, so the comparison is with the last one that did).
     shared_inputs: Option<u64>,
+    /// This node's own numbers of each rule's limits, `(limit, burst)` ([`Global::relimit`]).
+    own_numbers: Vec<Vec<(u64, u64)>>,
+    /// What each live member publishes of its numbers (`MemberInfo::numbers`).
+    member_numbers: BTreeMap<String, Arc<RuleNumbers>>,
+    /// The numbers in force changed since the last consistent instant: it visits every key
+    /// and renews no lease as it was.
+    numbers_moved: bool,
     /// A degraded instant found every key's inputs changed: the next consistent instant
     /// visits every key (a degraded one allots none, so it visits only the listed keys).
     visit_all_due: bool,
@@ -1135,13 +1198,7 @@ impl Global {
                 } else {
                     format!("{name}#{i}")
                 };
-                glimits.push(GLimit {
-                    limit,
-                    kind,
-                    slot_len,
-                    subslots,
-                    label,
-                });
+                glimits.push(GLimit::new(limit, kind, slot_len, subslots, label));
             }
             let mut store = Store::new(keys.clone(), max_keys);
             if let Some(seed) = params.hash_seed {
@@ -1187,6 +1244,17 @@ impl Global {
                 unallotted: Vec::new(),
                 shared_inputs: None,
                 visit_all_due: false,
+                own_numbers: grules
+                    .iter()
+                    .map(|r| {
+                        r.limits
+                            .iter()
+                            .map(|l| (l.shape.limit(), l.shape.burst()))
+                            .collect()
+                    })
+                    .collect(),
+                member_numbers: BTreeMap::new(),
+                numbers_moved: false,
             }),
             me,
             params,
@@ -1365,7 +1433,7 @@ impl Global {
     /// The base a participant with `eras` holds in slot `x` of `l` (0 where `l` has none).
     fn base_in_eras(&self, l: &GLimit, eras: &[(u64, u32)], x: u64) -> u64 {
         if l.based() {
-            base_of(eras, l.limit.limit(), self.first_instant(l, x))
+            base_of(eras, l.limit().limit(), self.first_instant(l, x))
         } else {
             0
         }
@@ -1378,7 +1446,7 @@ impl Global {
             return 0;
         }
         let first = self.first_instant(l, x);
-        let c = l.limit.limit();
+        let c = l.limit().limit();
         // The era the slot falls in, and no more than any later era's (a base shrinks in the
         // open slots when the participants grow: design §3.3.1).
         let mut base = u64::MAX;
@@ -1595,7 +1663,7 @@ impl Global {
         phase: Phase,
         participants: u64,
     ) -> Decision {
-        let c = l.limit.limit();
+        let c = l.limit().limit();
         let s = l.slot(now);
         let used = l.budget(s, now, |x| w.own_in(x).saturating_add(w.others_in(x)));
         let remaining = c.saturating_sub(used);
@@ -1742,7 +1810,136 @@ impl Global {
         if changed {
             st.view_changed = true;
         }
+        st.member_numbers = members
+            .iter()
+            .filter(|m| m.alive && !m.left && m.actor.node != self.me.node)
+            .filter_map(|m| Some((m.actor.node.clone(), m.numbers.clone()?)))
+            .collect();
+        self.put_numbers_in_force(&mut st);
         out
+    }
+
+    /// This node's configuration changed the numbers of rule `rule`'s limits (a reload; a
+    /// tenant's quota raised or cut). Their algorithms and periods must stay as the node
+    /// started with them; a leaky bucket's numbers cannot change (its level is scaled by
+    /// its rate). The numbers in force are the smaller of this node's and every live
+    /// member's (those that publish theirs), so a cut holds from when the first node has it,
+    /// and a raise from when the last has it (design §3.8). Returns
+    /// whether the numbers in force changed here.
+    pub fn relimit(&self, rule: usize, limits: &[Limit]) -> Result<bool, GlobalError> {
+        let r = self.rules.get(rule).ok_or(GlobalError::Relimit)?;
+        let fits = limits.len() == r.limits.len()
+            && r.limits.iter().zip(limits).all(|(l, new)| {
+                new.algorithm() == l.shape.algorithm()
+                    && new.period() == l.shape.period()
+                    && (new.algorithm() != Algorithm::LeakyBucket || *new == l.shape)
+            });
+        if !fits {
+            return Err(GlobalError::Relimit);
+        }
+        let mut st = self.lock();
+        st.own_numbers[rule] = limits.iter().map(|l| (l.limit(), l.burst())).collect();
+        Ok(self.put_numbers_in_force(&mut st))
+    }
+
+    /// Sets each limit's numbers in force from this node's own and the live members'
+    /// (`RoundState::member_numbers`), and raises the ceilings to every number seen. A
+    /// member's numbers for a rule count only if they fit it: as many limits, each a valid
+    /// limit of its algorithm and period. Returns whether any number in force changed.
+    fn put_numbers_in_force(&self, st: &mut RoundState) -> bool {
+        let mut moved = false;
+        for (ri, r) in self.rules.iter().enumerate() {
+            for (li, l) in r.limits.iter().enumerate() {
+                let mut force = st.own_numbers[ri][li];
+                let mut top = force;
+                for numbers in st.member_numbers.values() {
+                    let Some(theirs) = numbers.get(&r.name).filter(|v| v.len() == r.limits.len())
+                    else {
+                        continue;
+                    };
+                    let (limit, burst) = theirs[li];
+                    let burst = l.shape.algorithm().has_burst().then_some(burst);
+                    if Limit::new(l.shape.algorithm(), limit, l.shape.period(), burst).is_err() {
+                        continue;
+                    }
+                    let burst = burst.unwrap_or(limit);
+                    force = (force.0.min(limit), force.1.min(burst));
+                    top = (top.0.max(limit), top.1.max(burst));
+                }
+                let was = (
+                    l.numbers[0].swap(force.0, Ordering::Relaxed),
+                    l.numbers[1].swap(force.1, Ordering::Relaxed),
+                );
+                l.ceiling[0].fetch_max(top.0, Ordering::Relaxed);
+                l.ceiling[1].fetch_max(top.1, Ordering::Relaxed);
+                if was != force {
+                    moved = true;
+                    tracing::info!(
+                        rule = %l.label,
+                        limit = force.0,
+                        burst = force.1,
+                        was_limit = was.0,
+                        was_burst = was.1,
+                        "a global limit's numbers in force changed"
+                    );
+                }
+            }
+        }
+        if moved {
+            st.numbers_moved = true;
+            st.stats.numbers_changes += 1;
+        }
+        moved
+    }
+
+    /// This node's own numbers of its global rules, as it publishes them
+    /// ([`MemberInfo::numbers`]).
+    pub fn own_numbers(&self) -> RuleNumbers {
+        let st = self.lock();
+        self.rules
+            .iter()
+            .zip(&st.own_numbers)
+            .map(|(r, n)| (r.name.clone(), n.clone()))
+            .collect()
+    }
+
+    /// The numbers in force of every global rule: the smaller of this node's own and every
+    /// live member's.
+    pub fn numbers_in_force(&self) -> RuleNumbers {
+        self.rules
+            .iter()
+            .map(|r| {
+                let n = r.limits.iter().map(|l| {
+                    let l = l.limit();
+                    (l.limit(), l.burst())
+                });
+                (r.name.clone(), n.collect())
+            })
+            .collect()
+    }
+
+    /// The live members whose published numbers differ from this node's own, and how many
+    /// publish none (nodes of an earlier version).
+    pub fn members_on_other_numbers(&self) -> (Vec<String>, usize) {
+        let st = self.lock();
+        let own: RuleNumbers = self
+            .rules
+            .iter()
+            .zip(&st.own_numbers)
+            .map(|(r, n)| (r.name.clone(), n.clone()))
+            .collect();
+        let differ = st
+            .member_numbers
+            .iter()
+            .filter(|(_, n)| ***n != own)
+            .map(|(node, _)| node.clone())
+            .collect();
+        let silent = st
+            .peers
+            .values()
+            .filter(|p| p.alive && !st.member_numbers.contains_key(&p.actor.node))
+            .count();
+        (differ, silent)
     }
 
     /// Marks whether this node has joined the cluster (see [`Global::joined`]). A node starts
@@ -2207,7 +2404,7 @@ impl Global {
                         LState::Bucket(b) => {
                             // What the last instant decided to give up and give back goes
                             // now, as this frame publishes it.
-                            b.settle(&l.limit, now);
+                            b.settle(&l.limit(), now);
                             b.published = (n, std::mem::take(&mut b.returned));
                             gives_back |= b.published.1 > 0;
                             helds.push(b.held_report(default));
@@ -2535,10 +2732,10 @@ impl Global {
                     // A bucket reports the share it holds (none: the default) and the tokens
                     // it gave back, at most a whole bucket (a level never exceeds its
                     // capacity: at most `burst`, or one unit). No counts, no room.
-                    let most = l.limit.burst().max(1).saturating_mul(SHARE_ONE);
+                    let most = l.ceiling().burst().max(1).saturating_mul(SHARE_ONE);
                     let returned_ok = lr.returned <= most;
                     let share_ok = lr.share <= SHARE_ONE && lr.burst <= SHARE_ONE;
-                    let short_ok = lr.short <= l.limit.burst();
+                    let short_ok = lr.short <= l.ceiling().burst();
                     bad |= !returned_ok
                         || !share_ok
                         || !short_ok
@@ -2560,7 +2757,7 @@ impl Global {
                 }
                 bad |= lr.share > 0 || lr.burst > 0 || lr.short > 0 || lr.returned > 0;
                 let cur = l.slot(now);
-                let ceiling = l.limit.limit().saturating_mul(members);
+                let ceiling = l.ceiling().limit().saturating_mul(members);
                 for &(slot, count) in &lr.counts {
                     if count > ceiling {
                         bad = true;
@@ -2580,7 +2777,7 @@ impl Global {
                 // has a base, it says the base was given back.
                 let mut held = Pairs::with_capacity(lr.held.len());
                 for &(slot, units) in &lr.held {
-                    if slot > cur + 1 || units > l.limit.limit() {
+                    if slot > cur + 1 || units > l.ceiling().limit() {
                         bad = true;
                     } else if slot >= cur {
                         held.push((slot, units));
@@ -2908,7 +3105,7 @@ impl Global {
         // Leases are renewed as they are when nothing they depend on changed: this instant is
         // consistent with the view of the last consistent one (so the same participants), and
         // the key's inputs did not change since (degraded instants in between keep the flag).
-        let renewable = consistent && st_ref.consistent_view == my_view;
+        let renewable = consistent && st_ref.consistent_view == my_view && !st_ref.numbers_moved;
         // Bucket shares move only when every participant's frame is in (not while a
         // participant is suspected under `hold`).
         let all_in = consistent && parts.iter().all(|p| p.reachable);
@@ -2939,7 +3136,7 @@ impl Global {
         // slow rounds made late frames, and late frames more view changes.
         let all = regrown
             || self.params.visit_all
-            || (consistent && (inputs_moved || st_ref.visit_all_due));
+            || (consistent && (inputs_moved || st_ref.visit_all_due || st_ref.numbers_moved));
         let defer_all = !consistent && inputs_moved;
         let mut wakes = Vec::new();
         let mut unallotted = Vec::new();
@@ -2960,7 +3157,7 @@ impl Global {
                             LState::Bucket(b) => {
                                 let floor = default / BUCKET_FLOOR;
                                 let to = (b.share.min(floor).max(1), b.burst.min(floor).max(1));
-                                b.reshare(&l.limit, to, 0, now);
+                                b.reshare(&l.limit(), to, 0, now);
                             }
                         }
                     }
@@ -3085,10 +3282,10 @@ impl Global {
                                     pool = pool.saturating_add(r[li]);
                                 }
                             }
-                            if calm_bucket(&l.limit, demands, &scratch.shares, pool, default) {
+                            if calm_bucket(&l.limit(), demands, &scratch.shares, pool, default) {
                                 continue;
                             }
-                            b.move_share(&l.limit, demands, &scratch.shares, pool, now);
+                            b.move_share(&l.limit(), demands, &scratch.shares, pool, now);
                         }
                     }
                 }
@@ -3159,6 +3356,7 @@ impl Global {
         if consistent {
             st.shared_inputs = Some(shared_inputs);
             st.visit_all_due = false;
+            st.numbers_moved = false;
         } else if defer_all {
             st.visit_all_due = true;
         }
@@ -3234,7 +3432,7 @@ impl Global {
                             .and_then(|h| h.iter().find(|(s, _)| *s == x))
                             .map_or(0, |(_, units)| *units)
                     };
-                    let c = l.limit.limit();
+                    let c = l.limit().limit();
                     let cur = l.slot(now);
                     let mut charged = false;
                     // Slots from the record's to now's that a decision can still read.
@@ -3307,7 +3505,7 @@ impl Global {
         boundary_next: Nanos,
         all_reachable: bool,
     ) -> bool {
-        let c = l.limit.limit();
+        let c = l.limit().limit();
         let cur = l.slot(now);
         let next = l.slot(boundary_next);
         let record = if all_reachable {
@@ -3971,7 +4169,7 @@ fn quiet_boundary(rule: &GRule, k: &mut GKey, n: u64, boundary_time: Nanos) -> b
             }),
             // Nothing to give back or give up, and its tokens as published (the frame must
             // say so).
-            LState::Bucket(b) => b.as_published(&l.limit, boundary_time),
+            LState::Bucket(b) => b.as_published(&l.limit(), boundary_time),
         });
     if !quiet {
         return false;
@@ -4030,16 +4228,16 @@ fn dormant_until(
     for (l, s) in rule.limits.iter().zip(k.limits.iter()) {
         match s {
             LState::Bucket(b) => {
-                if !b.as_published(&l.limit, now) {
+                if !b.as_published(&l.limit(), now) {
                     return None;
                 }
                 // Listed again when the tokens it lacks fall a step below what was published
                 // (a published shortfall is stale, never too small, until then).
                 if b.short > 0 {
-                    let token = i128::from(l.limit.period()) * i128::from(SHARE_ONE);
-                    let above = b.cap(&l.limit) - i128::from(b.short) * token + 1;
-                    let need = (above - b.level_at(&l.limit, now)).max(0);
-                    let dt = u64::try_from(ceil_div(need, b.rate(&l.limit))).unwrap_or(u64::MAX);
+                    let token = i128::from(l.limit().period()) * i128::from(SHARE_ONE);
+                    let above = b.cap(&l.limit()) - i128::from(b.short) * token + 1;
+                    let need = (above - b.level_at(&l.limit(), now)).max(0);
+                    let dt = u64::try_from(ceil_div(need, b.rate(&l.limit()))).unwrap_or(u64::MAX);
                     wake = wake.min(now.saturating_add(dt).div_ceil(round));
                 }
             }
@@ -4157,8 +4355,8 @@ fn charge(
                 key.counts_dirty = true;
             }
             LState::Bucket(b) => {
-                let level = b.level_at(&l.limit, now);
-                b.level = level - unit_cost(&l.limit, cost);
+                let level = b.level_at(&l.limit(), now);
+                b.level = level - unit_cost(&l.limit(), cost);
                 b.at = b.at.max(now);
             }
         }
@@ -4243,7 +4441,7 @@ fn base_of(eras: &[(u64, u32)], c: u64, first: u64) -> u64 {
 
 /// A starter's allowance: an even split of the limit among the participants.
 fn starter(l: &GLimit, participants: u64) -> u64 {
-    l.limit.limit() / participants.max(1)
+    l.limit().limit() / participants.max(1)
 }
 
 /// A starter still running from an earlier slot (one an instant allowed, not yet charged or
@@ -4350,7 +4548,7 @@ fn decide_bucket(
     even: u64,
     now: Nanos,
 ) -> Decision {
-    let limit = &l.limit;
+    let limit = &l.limit();
     let level = b.level_at(limit, now);
     let cap = b.cap(limit);
     let rate = b.rate(limit);

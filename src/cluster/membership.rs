@@ -99,6 +99,9 @@ const LEAVE_ROUNDS: u32 = 2;
 const KEY_QUIC_ADDR: &str = "gossamer.quic_addr";
 const KEY_VERSION: &str = "gossamer.version";
 const KEY_RULES_HASH: &str = "gossamer.rules_hash";
+/// The numbers of the node's global rules' limits (JSON: rule name to `[limit, burst]` per
+/// limit), which peers take the smaller of; absent on nodes that publish none.
+const KEY_LIMITS: &str = "gossamer.limits";
 /// Present on a node that is leaving on purpose: `through N` when its round frames from
 /// round N on carry every admission it made; over the aggregation tree, `carried N G ID`
 /// when member ID (generation G) reports its admissions from round N on; any other value
@@ -148,6 +151,9 @@ pub struct NodeMeta {
     /// A hash of the node's loaded rules: nodes with different hashes enforce different
     /// limits, and their global counts should not be mixed.
     pub rules_hash: String,
+    /// The numbers of the node's global rules' limits, as the cluster layer writes them
+    /// (empty: none published, as by a node of an earlier version).
+    pub limits: String,
 }
 
 /// One node incarnation as this node sees it.
@@ -280,6 +286,11 @@ impl MetaPublisher {
         self.refresh.notify_one();
     }
 
+    /// Replaces the published numbers of the global rules' limits ([`NodeMeta::limits`]).
+    pub async fn limits(&self, limits: &str) {
+        self.set([(KEY_LIMITS, limits.to_owned())]).await;
+    }
+
     /// Replaces the published rules hash; peers compare it with theirs.
     pub async fn rules_hash(&self, rules_hash: &str) {
         self.set([(KEY_RULES_HASH, rules_hash.to_owned())]).await;
@@ -404,20 +415,23 @@ impl MembershipConfig {
 }
 
 impl NodeMeta {
-    fn key_values(&self) -> [(&'static str, String); 3] {
+    fn key_values(&self) -> [(&'static str, String); 4] {
         [
             (KEY_QUIC_ADDR, self.quic_addr.to_string()),
             (KEY_VERSION, self.version.clone()),
             (KEY_RULES_HASH, self.rules_hash.clone()),
+            (KEY_LIMITS, self.limits.clone()),
         ]
     }
 
-    /// Reads the meta back from a node's keys; `None` if any is missing or does not parse.
+    /// Reads the meta back from a node's keys; `None` if any required one is missing or does
+    /// not parse (the limits are optional).
     fn from_keys<'a>(get: impl Fn(&str) -> Option<&'a str>) -> Option<NodeMeta> {
         Some(NodeMeta {
             quic_addr: get(KEY_QUIC_ADDR)?.parse().ok()?,
             version: get(KEY_VERSION)?.to_owned(),
             rules_hash: get(KEY_RULES_HASH)?.to_owned(),
+            limits: get(KEY_LIMITS).unwrap_or_default().to_owned(),
         })
     }
 }

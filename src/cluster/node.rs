@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
 
 use super::Exchange;
-use super::global::{Global, MemberInfo, Output, Reject};
+use super::global::{Global, MemberInfo, Output, Reject, RuleNumbers};
 use super::membership::{Carried, Member, Membership, MembershipConfig, MetaPublisher, NodeMeta};
 use super::quic::{Inbound, QuicTransport};
 use super::tls::Security;
@@ -202,6 +202,7 @@ impl Cluster {
                 quic_addr: advertised_quic,
                 version: env!("CARGO_PKG_VERSION").to_owned(),
                 rules_hash,
+                limits: published_limits(&exchange),
             },
         )
         .await?;
@@ -278,9 +279,11 @@ impl Cluster {
         })
     }
 
-    /// Publishes a new hash of the rules (after a reload), which peers compare with theirs.
+    /// Publishes a new hash of the rules (after a reload), which peers compare with theirs,
+    /// and the numbers of the global rules' limits, which peers take the smaller of.
     pub async fn publish_rules_hash(&self, rules_hash: &str) {
         self.meta.rules_hash(rules_hash).await;
+        self.meta.limits(&published_limits(&self.exchange)).await;
     }
 
     /// Whether `/readyz` may say 200: the node has found a peer and pulled the counts of
@@ -339,6 +342,15 @@ impl Cluster {
             .as_ref()
             .map(Membership::mismatched_rules)
             .unwrap_or_default()
+    }
+
+    /// Over the mesh, the numbers of the global rules' limits in force here: the smaller of
+    /// this node's and every live member's ([`Global::relimit`]).
+    pub fn limits_in_force(&self) -> Option<RuleNumbers> {
+        match &self.exchange {
+            Exchange::Mesh(global) => Some(global.numbers_in_force()),
+            Exchange::Tree(..) => None,
+        }
     }
 
     /// Prometheus text for the cluster's counters.
@@ -565,6 +577,27 @@ fn mesh_metrics(global: &Global, out: &mut String) {
         .map(|(rule, n)| (format!("rule=\"{}\"", label_value(rule)), *n))
         .collect();
     let (held, participants) = global.held_members();
+    let (differ, silent) = global.members_on_other_numbers();
+    family(
+        out,
+        "gossamer_cluster_members_on_other_limits",
+        "gauge",
+        "Live members whose global rules' numbers differ from this node's (a reload that has \
+         not reached every node: the smaller numbers are in force meanwhile), or that \
+         publish none (an earlier version).",
+        &[
+            ("published=\"differ\"", differ.len() as u64),
+            ("published=\"none\"", silent as u64),
+        ],
+    );
+    family(
+        out,
+        "gossamer_cluster_limit_changes_total",
+        "counter",
+        "Times the numbers in force of a global limit changed on this node: its own reload, \
+         or a member's published numbers.",
+        &[("", stats.numbers_changes)],
+    );
     family(
         out,
         "gossamer_cluster_suspected_peers",
@@ -1223,6 +1256,10 @@ async fn members(
     let mut joined = ready_timeout.is_zero() || matches!(exchange, Exchange::Mesh(_));
     // Over the tree, the members greeted (node id, generation): see `receive`.
     let mut greeted: HashSet<(String, u64)> = HashSet::new();
+    let mut numbers = PublishedNumbers::default();
+    // Whether every live member published the same global limits as this node, as of the
+    // last pass (a change is logged).
+    let mut limits_agree = true;
     loop {
         let list = watch.borrow_and_update().clone();
         // Over the tree: members that left with their admissions handed to another. Read
@@ -1285,13 +1322,25 @@ async fn members(
                         alive: m.alive,
                         left: m.leaving,
                         published_through: m.published_through,
+                        numbers: numbers.read(&m.node_id, &meta.limits),
                     });
                 }
             }
         }
         sender.send(greetings);
         match &exchange {
-            Exchange::Mesh(global) => sender.send(global.set_members(&infos, clock.now())),
+            Exchange::Mesh(global) => {
+                sender.send(global.set_members(&infos, clock.now()));
+                let (differ, _) = global.members_on_other_numbers();
+                if differ.is_empty() != limits_agree {
+                    limits_agree = differ.is_empty();
+                    if limits_agree {
+                        info!(limits = ?global.numbers_in_force(), "every live member publishes this node's global limits: the cluster has converged on them");
+                    } else {
+                        info!(members = ?differ, in_force = ?global.numbers_in_force(), "members publish other global limits: the smaller numbers are in force until every member has the same");
+                    }
+                }
+            }
             Exchange::Tree(tree, _) => {
                 // The view: this node and the live members that have not left.
                 let view: Vec<Actor> = infos
@@ -1374,6 +1423,43 @@ pub fn rules_hash(config: &Config) -> String {
         h.str(config.cluster.exchange.name());
     }
     format!("{:016x}", h.finish())
+}
+
+/// What this node publishes of its global rules' numbers ([`NodeMeta::limits`]): over the
+/// mesh, [`Global::own_numbers`] as JSON; over the tree, nothing (its view hash covers the
+/// rules, so nodes with other numbers never complete a round together).
+fn published_limits(exchange: &Exchange) -> String {
+    match exchange {
+        Exchange::Mesh(global) => serde_json::to_string(&global.own_numbers()).unwrap_or_default(),
+        Exchange::Tree(..) => String::new(),
+    }
+}
+
+/// The members' published numbers, parsed once per change.
+#[derive(Default)]
+struct PublishedNumbers {
+    by_node: HashMap<String, (String, Option<Arc<RuleNumbers>>)>,
+}
+
+impl PublishedNumbers {
+    /// `node`'s numbers from what it publishes (`None` if empty or not readable: then they
+    /// take no part in the numbers in force).
+    fn read(&mut self, node: &str, published: &str) -> Option<Arc<RuleNumbers>> {
+        match self.by_node.get(node) {
+            Some((seen, numbers)) if seen == published => numbers.clone(),
+            _ => {
+                let numbers = serde_json::from_str::<RuleNumbers>(published)
+                    .ok()
+                    .map(Arc::new);
+                if numbers.is_none() && !published.is_empty() {
+                    warn!(peer = %node, "a peer's published limits do not parse: ignored");
+                }
+                self.by_node
+                    .insert(node.to_owned(), (published.to_owned(), numbers.clone()));
+                numbers
+            }
+        }
+    }
 }
 
 /// Nanoseconds, for the generation of a starting node: its start time in milliseconds.

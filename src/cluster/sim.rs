@@ -25,7 +25,7 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 
-use crate::cluster::global::{Global, MemberInfo, OnPartition, Output, Params};
+use crate::cluster::global::{Global, MemberInfo, OnPartition, Output, Params, RuleNumbers};
 use crate::counter::Actor;
 use crate::limiter::{Algorithm, Decision, Limit, MILLISECOND, Nanos, SECOND};
 use crate::wire::{self, Message};
@@ -107,7 +107,12 @@ pub struct Sim {
     /// With a key set, the round frames that reported it, as (sender, round), one per frame
     /// sent (not per copy): what a test watches to see how often a change goes out.
     pub watch: Option<(String, Vec<(usize, u64)>)>,
-    rules: Vec<(String, Vec<Limit>)>,
+    /// Each node's rules, as its configuration has them ([`Sim::relimit`] changes them).
+    rules: Vec<Vec<(String, Vec<Limit>)>>,
+    /// What each node publishes of its rules' numbers, as gossip carries it.
+    numbers: Vec<Arc<RuleNumbers>>,
+    /// `heard_numbers[i][j]`: j's numbers as node i last heard them.
+    heard_numbers: Vec<Vec<Arc<RuleNumbers>>>,
     params: Params,
     generations: Vec<u64>,
     /// Until when a node is paused.
@@ -137,6 +142,17 @@ pub struct Sim {
     pub track: bool,
 }
 
+/// What a node with `rules` publishes of their numbers.
+fn numbers_of(rules: &[(String, Vec<Limit>)]) -> Arc<RuleNumbers> {
+    let numbers = rules.iter().map(|(name, limits)| {
+        (
+            name.clone(),
+            limits.iter().map(|l| (l.limit(), l.burst())).collect(),
+        )
+    });
+    Arc::new(numbers.collect())
+}
+
 impl Sim {
     /// `n` nodes serving `rules`, seeded with `seed`, all formed into one cluster.
     pub fn new(n: usize, rules: Vec<(String, Vec<Limit>)>, params: Params, seed: u64) -> Sim {
@@ -161,7 +177,9 @@ impl Sim {
             bytes_sent: vec![0; n],
             traffic: Traffic::default(),
             watch: None,
-            rules,
+            numbers: vec![numbers_of(&rules); n],
+            heard_numbers: vec![vec![numbers_of(&rules); n]; n],
+            rules: vec![rules; n],
             params,
             generations: vec![1; n],
             paused: vec![None; n],
@@ -191,11 +209,25 @@ impl Sim {
         Global::new(
             Actor::new(self.names[i].clone(), self.generations[i]),
             self.params.clone(),
-            self.rules.clone(),
+            self.rules[i].clone(),
             Arc::new(AtomicUsize::new(0)),
             1_000_000,
         )
         .expect("rules fit the params")
+    }
+
+    /// Node `i`'s configuration changes the numbers of rule `rule`'s limits to those of
+    /// `limits` (a reload): it applies them and publishes them, and the others hear them
+    /// with the next gossip. A restart keeps them.
+    pub fn relimit(&mut self, i: usize, rule: &str, limits: Vec<Limit>) {
+        let index = self.node(i).rule_index(rule).expect("a global rule");
+        self.node(i)
+            .relimit(index, &limits)
+            .expect("only the numbers change");
+        if let Some((_, l)) = self.rules[i].iter_mut().find(|(name, _)| name == rule) {
+            *l = limits;
+        }
+        self.numbers[i] = numbers_of(&self.rules[i]);
     }
 
     /// Marks joined every waiting node that has pulled (or waited long enough).
@@ -255,6 +287,7 @@ impl Sim {
                 alive: self.running(j),
                 left: false,
                 published_through: None,
+                numbers: Some(self.numbers[j].clone()),
             })
             .collect();
         for (j, m) in members.iter().enumerate() {
@@ -283,6 +316,7 @@ impl Sim {
                 if i != j && self.running(j) && !self.net.cut.contains(&(j, i)) {
                     self.heard[i][j] = Some(self.now);
                     self.known[i][j] = self.generations[j];
+                    self.heard_numbers[i][j] = self.numbers[j].clone();
                 }
             }
         }
@@ -301,6 +335,7 @@ impl Sim {
                 alive: self.heard[i][j].is_some_and(|t| self.now - t <= DETECT),
                 left: self.left[j].is_some() && self.known[i][j] == self.generations[j],
                 published_through: self.left[j].flatten(),
+                numbers: Some(self.heard_numbers[i][j].clone()),
             })
             .collect();
         self.tell(i, members);
@@ -433,8 +468,7 @@ impl Sim {
         let actor = g.me().clone();
         if d.allowed() {
             *self.admitted.entry((i, now / self.window)).or_default() += cost;
-            let period = self
-                .rules
+            let period = self.rules[i]
                 .iter()
                 .find(|(name, _)| name == rule)
                 .and_then(|(_, limits)| limits.first())
@@ -911,7 +945,7 @@ pub fn run(setup: &Setup) -> Outcome {
     let mut bucket_admitted: BTreeMap<u64, u64> = BTreeMap::new();
     let mut suspected: Vec<HashSet<String>> = vec![HashSet::new(); n];
     let mut judges: [judge::Judge; 4] =
-        std::array::from_fn(|_| judge::Judge::new(&sim.rules, params.round));
+        std::array::from_fn(|_| judge::Judge::new(&sim.rules[0], params.round));
     // When every node was down at once: the counts of the windows open then are gone with
     // them (design §2.4), as a standalone node's are when it restarts, so a window is judged
     // on what was admitted since the last such moment.

@@ -189,6 +189,22 @@ impl Limit {
     pub fn burst(&self) -> u64 {
         self.burst
     }
+    /// This limit with other numbers, each at least 1 (its algorithm and period kept; a
+    /// windowed algorithm's burst follows its limit). The numbers come from limits already
+    /// validated with this shape: the smaller or larger of two of them.
+    pub fn with_numbers(&self, limit: u64, burst: u64) -> Limit {
+        let limit = limit.max(1);
+        Limit {
+            limit,
+            burst: if self.algorithm.has_burst() {
+                burst.max(1)
+            } else {
+                limit
+            },
+            ..*self
+        }
+    }
+
     /// The largest cost one check can ever be admitted with.
     pub fn max_cost(&self) -> u64 {
         self.burst

@@ -18,6 +18,7 @@ fn meta(hash: &str) -> NodeMeta {
         quic_addr: addr(9000),
         version: "0.1.0".into(),
         rules_hash: hash.into(),
+        limits: String::new(),
     }
 }
 
@@ -47,6 +48,7 @@ fn meta_round_trips_through_its_keys_including_ipv6() {
             quic_addr: quic_addr.parse().unwrap(),
             version: "1.2.3".into(),
             rules_hash: "abc".into(),
+            limits: String::new(),
         };
         let kv: HashMap<&str, String> = meta.key_values().into_iter().collect();
         let back = NodeMeta::from_keys(|k| kv.get(k).map(String::as_str));
