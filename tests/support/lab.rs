@@ -199,6 +199,8 @@ pub struct NodeProc {
     pub data_ip: Ipv4Addr,
     pub mgmt_ip: Ipv4Addr,
     pub log: PathBuf,
+    /// Its own copy of the lab's config file, which [`Lab::set_config`] rewrites.
+    pub config: PathBuf,
     pub child: Option<Child>,
 }
 
@@ -362,6 +364,11 @@ impl Lab {
                 data_ip,
                 mgmt_ip,
                 log: lab.dir.join(format!("node-{i}.log")),
+                config: {
+                    let path = lab.dir.join(format!("node-{i}.toml"));
+                    std::fs::write(&path, config).expect("a node's config is written");
+                    path
+                },
                 child: None,
             });
         }
@@ -395,7 +402,7 @@ impl Lab {
         let mut command = Command::new("ip");
         command
             .args(["netns", "exec", &node.ns, &binary(), "serve", "--config"])
-            .arg(&self.config)
+            .arg(&node.config)
             .args(["--node-id", &node.id])
             .args(["--http", &node.http().to_string()])
             .args(["--gossip", &node.gossip().to_string()])
@@ -413,6 +420,16 @@ impl Lab {
         // `ip netns exec` execs the binary, so this child is the node itself.
         let child = command.spawn().expect("ip netns exec starts");
         self.nodes[i].child = Some(child);
+    }
+
+    /// Replaces node `i`'s config file with `text` (written beside it, then renamed over it, so
+    /// the node never reads half a file); the node reloads it within a second, or at once on
+    /// SIGHUP ([`Lab::signal`]).
+    pub fn set_config(&self, i: usize, text: &str) {
+        let path = &self.nodes[i].config;
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, text).expect("config is written");
+        std::fs::rename(&tmp, path).expect("config is renamed into place");
     }
 
     /// SIGKILL for node `i`.
