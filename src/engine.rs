@@ -277,8 +277,9 @@ pub struct RuleChanges {
 /// A reload that cannot be applied; the running rules stay in force.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReloadError {
-    /// On a clustered node the global rules are counted by a [`Global`] built at start, and
-    /// every node must agree on them: changing them needs a (rolling) restart.
+    /// On a clustered node the global rules are counted by a [`Global`] (or a tree) built at
+    /// start, and every node must agree on them: changing them in more than their numbers
+    /// (over the mesh) needs a (rolling) restart.
     #[error(
         "changing global rules in a cluster needs a (rolling) restart: {} (the running rules stay in force)",
         .0.join(", ")
@@ -456,10 +457,13 @@ impl Engine {
     /// any other redefined rule and a new rule start fresh; a removed rule's keys go once the
     /// last in-flight check on this engine is done.
     ///
-    /// On a clustered engine, global rules are fixed for the process: a reload that would add,
-    /// remove or redefine one (including a change of scope) is refused as a whole. This engine
-    /// keeps its rules; only the keys of a relimited token bucket, which the new engine shares,
-    /// are carried to the new burst in place.
+    /// On a clustered engine, the global rules' definitions are fixed for the process: over the
+    /// mesh a global rule whose limits change only in their numbers is relimited in place
+    /// ([`Global::relimit`]: the cluster runs the smaller of its members' numbers), and a
+    /// reload that would add, remove or otherwise redefine one (including a change of scope,
+    /// and any change over the tree) is refused as a whole. This engine keeps its rules; only
+    /// the keys of a relimited token bucket, which the new engine shares, are carried to the
+    /// new burst in place.
     pub fn reload(&self, rules: Vec<Rule>) -> Result<(Engine, RuleChanges), ReloadError> {
         if self.global.is_some() {
             let globals = |rules: &mut dyn Iterator<Item = &Rule>| {

@@ -1328,6 +1328,9 @@ async fn members(
             }
         }
         sender.send(greetings);
+        numbers
+            .by_node
+            .retain(|node, _| list.iter().any(|m| m.node_id == *node));
         match &exchange {
             Exchange::Mesh(global) => {
                 sender.send(global.set_members(&infos, clock.now()));
