@@ -70,6 +70,12 @@ struct SimArgs {
     /// or --seeds (fixed windows; `split` across partitions). The report has both.
     #[arg(long, conflicts_with_all = ["report", "on_partition"])]
     tree: bool,
+    /// With --seed or --seeds (mesh): each run also changes the fixed window's limit node by
+    /// node, cut to half or raised to twice and back, reaching each node within 1.5 s of the
+    /// first (design §3.8); a window is judged against the largest limit in force from two
+    /// windows before it.
+    #[arg(long, conflicts_with_all = ["report", "tree", "scale"])]
+    relimit: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -283,10 +289,15 @@ fn sim(args: &SimArgs) -> ExitCode {
             ExitCode::from(EXIT_DENIED)
         };
     }
-    let summary = sim::explore(seeds.clone(), threads, |s| s.on_partition = mode);
+    let relimit = args.relimit;
+    let summary = sim::explore(seeds.clone(), threads, |s| {
+        s.on_partition = mode;
+        s.relimit = relimit;
+    });
     if one {
         let mut setup = sim::Setup::from_seed(seeds.start);
         setup.on_partition = mode;
+        setup.relimit = relimit;
         print!("{}", sim::run(&setup).describe(&setup));
     } else {
         for failure in &summary.failures {

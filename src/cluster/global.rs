@@ -1096,7 +1096,8 @@ struct RoundState {
     shared_inputs: Option<u64>,
     /// This node's own numbers of each rule's limits, `(limit, burst)` ([`Global::relimit`]).
     own_numbers: Vec<Vec<(u64, u64)>>,
-    /// What each live member publishes of its numbers (`MemberInfo::numbers`).
+    /// What each member taking part in the allotment publishes of its numbers
+    /// (`MemberInfo::numbers`), alive or not.
     member_numbers: BTreeMap<String, Arc<RuleNumbers>>,
     /// The numbers in force changed since the last consistent instant: it visits every key
     /// and renews no lease as it was.
@@ -1810,9 +1811,17 @@ impl Global {
         if changed {
             st.view_changed = true;
         }
+        // A member's numbers count while it takes part in the allotment, alive or not: under
+        // `hold` one this node cannot hear may still admit on its own numbers, and its share
+        // is held until membership forgets it, so its numbers are too.
         st.member_numbers = members
             .iter()
-            .filter(|m| m.alive && !m.left && m.actor.node != self.me.node)
+            .filter(|m| !m.left)
+            .filter(|m| {
+                st.peers
+                    .get(&m.actor.node)
+                    .is_some_and(|p| p.actor == m.actor && self.participates(p))
+            })
             .filter_map(|m| Some((m.actor.node.clone(), m.numbers.clone()?)))
             .collect();
         self.put_numbers_in_force(&mut st);

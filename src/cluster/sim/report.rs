@@ -41,6 +41,7 @@ fn scenario(
             on_partition: mode,
             skew,
             schedule: Some(plan),
+            relimit: false,
         },
     }
 }
