@@ -194,7 +194,7 @@ pub struct MemberInfo {
     pub published_through: Option<u64>,
     /// The numbers of its global rules' limits as it publishes them (`None`: it publishes
     /// none, as a node of an earlier version): the numbers in force are the smaller of this
-    /// node's and those of every live member (see [`Global::relimit`]).
+    /// node's and those of every member taking part in the allotment (see [`Global::relimit`]).
     pub numbers: Option<Arc<RuleNumbers>>,
 }
 
@@ -319,7 +319,7 @@ struct GLimit {
     /// process; its numbers are `numbers`.
     shape: Limit,
     /// The numbers in force, `(limit, burst)`: the smaller of this node's own and those of
-    /// every live member that runs the rule (design §3.8). Written only
+    /// every member in the allotment that runs the rule (design §3.8). Written only
     /// under the round lock; the check path may read one half of a change before the other,
     /// a mix of two limits in force one after the other.
     numbers: [AtomicU64; 2],
@@ -1831,7 +1831,7 @@ impl Global {
     /// This node's configuration changed the numbers of rule `rule`'s limits (a reload; a
     /// tenant's quota raised or cut). Their algorithms and periods must stay as the node
     /// started with them; a leaky bucket's numbers cannot change (its level is scaled by
-    /// its rate). The numbers in force are the smaller of this node's and every live
+    /// its rate). The numbers in force are the smaller of this node's and every
     /// member's (those that publish theirs), so a cut holds from when the first node has it,
     /// and a raise from when the last has it (design §3.8). Returns
     /// whether the numbers in force changed here.
@@ -1851,7 +1851,7 @@ impl Global {
         Ok(self.put_numbers_in_force(&mut st))
     }
 
-    /// Sets each limit's numbers in force from this node's own and the live members'
+    /// Sets each limit's numbers in force from this node's own and the members'
     /// (`RoundState::member_numbers`), and raises the ceilings to every number seen. A
     /// member's numbers for a rule count only if they fit it: as many limits, each a valid
     /// limit of its algorithm and period. Returns whether any number in force changed.
@@ -1912,8 +1912,8 @@ impl Global {
             .collect()
     }
 
-    /// The numbers in force of every global rule: the smaller of this node's own and every
-    /// live member's.
+    /// The numbers in force of every global rule: the smaller of this node's own and those of
+    /// every member in the allotment.
     pub fn numbers_in_force(&self) -> RuleNumbers {
         self.rules
             .iter()
@@ -1927,8 +1927,9 @@ impl Global {
             .collect()
     }
 
-    /// The live members whose published numbers differ from this node's own, and how many
-    /// publish none (nodes of an earlier version).
+    /// The members in the allotment (under `hold`, dead ones too) whose published numbers
+    /// differ from this node's own, and how many live ones publish none (nodes of an earlier
+    /// version).
     pub fn members_on_other_numbers(&self) -> (Vec<String>, usize) {
         let st = self.lock();
         let own: RuleNumbers = self

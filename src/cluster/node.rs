@@ -345,7 +345,7 @@ impl Cluster {
     }
 
     /// Over the mesh, the numbers of the global rules' limits in force here: the smaller of
-    /// this node's and every live member's ([`Global::relimit`]).
+    /// this node's and those of every member in the allotment ([`Global::relimit`]).
     pub fn limits_in_force(&self) -> Option<RuleNumbers> {
         match &self.exchange {
             Exchange::Mesh(global) => Some(global.numbers_in_force()),
@@ -582,7 +582,8 @@ fn mesh_metrics(global: &Global, out: &mut String) {
         out,
         "gossamer_cluster_members_on_other_limits",
         "gauge",
-        "Live members whose global rules' numbers differ from this node's (a reload that has \
+        "Members in the allotment (under hold, dead ones too) whose global rules' numbers \
+         differ from this node's (a reload that has \
          not reached every node: the smaller numbers are in force meanwhile), or that \
          publish none (an earlier version).",
         &[
@@ -1257,7 +1258,7 @@ async fn members(
     // Over the tree, the members greeted (node id, generation): see `receive`.
     let mut greeted: HashSet<(String, u64)> = HashSet::new();
     let mut numbers = PublishedNumbers::default();
-    // Whether every live member published the same global limits as this node, as of the
+    // Whether every member in the allotment published the same global limits as this node, as of the
     // last pass (a change is logged).
     let mut limits_agree = true;
     loop {
@@ -1338,7 +1339,7 @@ async fn members(
                 if differ.is_empty() != limits_agree {
                     limits_agree = differ.is_empty();
                     if limits_agree {
-                        info!(limits = ?global.numbers_in_force(), "every live member publishes this node's global limits: the cluster has converged on them");
+                        info!(limits = ?global.numbers_in_force(), "every member publishes this node's global limits: the cluster has converged on them");
                     } else {
                         info!(members = ?differ, in_force = ?global.numbers_in_force(), "members publish other global limits: the smaller numbers are in force until every member has the same");
                     }
