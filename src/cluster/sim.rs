@@ -1043,6 +1043,10 @@ pub fn run(setup: &Setup) -> Outcome {
             }
             splits.push(sim.now);
         }
+        // With limit changes, the fixed window's checks are judged only while no node has a
+        // smaller limit in force than the judge's (a raise keeps them judged against the
+        // old limit, which asks less of the cluster than the new one does).
+        let judge_fixed = in_force.last().is_none_or(|&(_, least, ..)| least >= LIMIT);
         for _ in 0..10 {
             sim.advance(MS);
             let whole = sim.whole();
@@ -1051,7 +1055,8 @@ pub fn run(setup: &Setup) -> Outcome {
                     if sim.running(i) && sim.random() % 1000 < p {
                         *offered.entry((key, sim.now / SECOND)).or_default() += 1;
                         let d = sim.check(i, RULE, key, 1);
-                        judges[0].check(RULE, key, i, n, sim.clock(i), 1, &d, whole);
+                        let judged = whole && judge_fixed;
+                        judges[0].check(RULE, key, i, n, sim.clock(i), 1, &d, judged);
                     }
                 }
                 if sim.running(i) && sim.random() % 1000 < p {
