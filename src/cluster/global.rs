@@ -1904,7 +1904,11 @@ impl Global {
     /// This node's own numbers of its global rules, as it publishes them
     /// ([`MemberInfo::numbers`]).
     pub fn own_numbers(&self) -> RuleNumbers {
-        let st = self.lock();
+        self.own_numbers_in(&self.lock())
+    }
+
+    /// [`Global::own_numbers`] under the round lock.
+    fn own_numbers_in(&self, st: &RoundState) -> RuleNumbers {
         self.rules
             .iter()
             .zip(&st.own_numbers)
@@ -1932,12 +1936,7 @@ impl Global {
     /// version).
     pub fn members_on_other_numbers(&self) -> (Vec<String>, usize) {
         let st = self.lock();
-        let own: RuleNumbers = self
-            .rules
-            .iter()
-            .zip(&st.own_numbers)
-            .map(|(r, n)| (r.name.clone(), n.clone()))
-            .collect();
+        let own = self.own_numbers_in(&st);
         let differ = st
             .member_numbers
             .iter()
