@@ -380,19 +380,28 @@ impl GLimit {
         match self.kind {
             Kind::Fixed | Kind::Bucket => count(s),
             Kind::Counter => {
-                let w = u128::from(self.slot_len);
-                let elapsed =
-                    u128::from(now.saturating_sub(s.saturating_mul(self.slot_len))).min(w);
                 let prev = if s == 0 { 0 } else { count(s - 1) };
-                let weighted = (u128::from(prev) * (w - elapsed)).div_ceil(w);
-                u64::try_from(weighted)
-                    .unwrap_or(u64::MAX)
-                    .saturating_add(count(s))
+                self.weighted(s, now, prev).saturating_add(count(s))
             }
             Kind::Log => (s.saturating_sub(self.subslots)..=s)
                 .map(&count)
                 .fold(0u64, u64::saturating_add),
         }
+    }
+
+    /// A sliding counter's weight at `now` of a previous slot that holds `p`,
+    /// ⌈p·(w − e)/w⌉ with e the time into slot `s`, capped at w.
+    fn weighted(&self, s: u64, now: Nanos, p: u64) -> u64 {
+        let w = u128::from(self.slot_len);
+        let elapsed = u128::from(now.saturating_sub(s.saturating_mul(self.slot_len))).min(w);
+        u64::try_from((u128::from(p) * (w - elapsed)).div_ceil(w)).unwrap_or(u64::MAX)
+    }
+
+    /// What a sliding counter's previous slot, holding `p`, fades by in slot `s` from `from`
+    /// to `to`: the room its weight frees over that time (design §3.4, fade share).
+    fn faded(&self, s: u64, from: Nanos, to: Nanos, p: u64) -> u64 {
+        self.weighted(s, from, p)
+            .saturating_sub(self.weighted(s, to, p))
     }
 
     /// A sliding counter's weighted share of a previous slot that holds `p`,
@@ -469,7 +478,14 @@ struct Grant {
     /// A starter grant (design §3.3.1): valid until the instant after the one whose phase
     /// allowed it (`opened`), which charges it to this node as held room or ends it.
     starter: bool,
-    /// For a starter, the round of the instant that allowed it.
+    /// Of `used`, the units a sliding counter admitted on its fade share in round `opened`
+    /// (design §3.4): beyond the allowance, which grew with them.
+    on_fade: u32,
+    /// A sliding counter's fade seats, its part of the fade share ([`fade_seats`]), as the
+    /// last allotment of the slot dealt them.
+    fade_seats: u16,
+    /// For a starter, the round of the instant that allowed it; for a lease, the round whose
+    /// fade share `on_fade` counts.
     opened: u64,
 }
 
@@ -1684,7 +1700,14 @@ impl Global {
         let base = self.my_base(l, s);
         let spendable = match w.grants.iter().find(|g| g.slot == s) {
             // Room held as published (granted, or given back down to this), or a starter.
-            Some(g) if base > 0 || !g.is_empty() => g.spendable(),
+            Some(g) if base > 0 || !g.is_empty() => {
+                let held = g.spendable();
+                if cost <= held {
+                    held
+                } else {
+                    held.saturating_add(self.fade_share(l, w, g, now, phase))
+                }
+            }
             // The base: what this node holds of every key it published no holding for.
             None if base > 0 => base.saturating_sub(l.budget(s, now, |x| w.own_in(x))),
             _ if !self.starters_in(l, s) => 0,
@@ -1731,6 +1754,47 @@ impl Global {
         decision.verdict = Verdict::Deny { retry_after };
         decision.remaining = remaining;
         decision
+    }
+
+    /// When the allotments of `now`'s round read a sliding counter's budget: at the round's
+    /// boundary, whenever their instant runs, so that every node reads the same, and the room
+    /// the previous window's fade frees from then on is nobody's but the fade shares'
+    /// ([`Global::fade_share`]).
+    fn counter_read(&self, now: Nanos) -> Nanos {
+        now - now % self.params.round
+    }
+
+    /// A sliding counter's fade share at `now` under lease `g` (design §3.4, "fade
+    /// share"): its fade seats' part of what the previous slot's weight has faded by since
+    /// the round's boundary ([`Global::counter_read`]), less what it already admitted on it.
+    /// Only in the round of an instant consistent with every participant reachable, from that
+    /// instant to the next boundary: every node that may take a share then read its budget at
+    /// the boundary, so nobody was granted that room, and dealt the seats from the same
+    /// inputs (a key left unvisited has the inputs of the allotment that dealt its seats), so
+    /// each seat has one holder.
+    fn fade_share(&self, l: &GLimit, w: &WState, g: &Grant, now: Nanos, phase: Phase) -> u64 {
+        let s = l.slot(now);
+        if l.kind != Kind::Counter
+            || s == 0
+            || g.starter
+            || g.slot != s
+            || !(phase.open && phase.consistent && phase.returns)
+            || phase.round != now / self.params.round
+        {
+            return 0;
+        }
+        let prev = w.own_in(s - 1).saturating_add(w.others_in(s - 1));
+        let faded = l.faded(s, self.counter_read(now), now, prev);
+        let taken = if g.opened == phase.round {
+            u64::from(g.on_fade)
+        } else {
+            0
+        };
+        // What `on_fade` can count, at most.
+        let most = u64::from(u32::MAX);
+        fade_part(faded, g.fade_seats)
+            .min(most)
+            .saturating_sub(taken)
     }
 
     /// Brings membership up to date: every member but this node, with its current actor.
@@ -3208,7 +3272,7 @@ impl Global {
                     && was_known
                     && !changed
                     && !has_starter
-                    && renew(r, k, now, boundary_next, all_reachable)
+                    && renew(r, k, self.counter_read(now), boundary_next, all_reachable)
                 {
                     // Renewed as it was: the last consistent instant had this view, so it was
                     // all-reachable if this one is, and set `idle_at_record` as it stands.
@@ -3514,6 +3578,13 @@ impl Global {
         boundary_next: Nanos,
         all_reachable: bool,
     ) -> bool {
+        // A sliding counter's budget moves with time: every allotment of a round reads it at
+        // the round's boundary (design §3.4, fade share).
+        let now = if l.kind == Kind::Counter {
+            self.counter_read(now)
+        } else {
+            now
+        };
         let c = l.limit().limit();
         let cur = l.slot(now);
         let next = l.slot(boundary_next);
@@ -3601,6 +3672,13 @@ impl Global {
         let held_in =
             |j: usize, x: u64| -> u64 { explicit_in(j, x).unwrap_or_else(|| implicit_in(j, x)) };
         let weights = lease_weights(&reachable.iter().map(|&i| demands[i]).collect::<Vec<_>>());
+        // A sliding counter's reachable participants in node order, the same at every node
+        // (for the fade seats).
+        let mut node_order: Vec<usize> = Vec::new();
+        if l.kind == Kind::Counter {
+            node_order.extend(0..reachable.len());
+            node_order.sort_by_key(|&j| parts[reachable[j]].node);
+        }
         let den: u128 = weights.iter().sum::<u128>().max(1);
         let in_demand = demands.iter().any(|&d| d > 0);
         // This instant's grants and targets for this node, per slot, and whether it turns its
@@ -3860,8 +3938,22 @@ impl Global {
                 }
             }
             let granted: u64 = grants.iter().sum();
-            claimed_before.push((x, held_total.saturating_add(granted)));
+            // A sliding counter's fade share: what the participants may admit in the current
+            // slot beyond what they hold, by the next boundary, whether or not this instant
+            // lets this node take its share (another may): a later slot's budget and a
+            // record's claims count it as spent.
+            let fade = if x == cur && l.kind == Kind::Counter && cur > 0 {
+                l.faded(cur, now, boundary_next, count(cur - 1))
+            } else {
+                0
+            };
+            claimed_before.push((x, held_total.saturating_add(granted).saturating_add(fade)));
             if x == cur && all_reachable {
+                let seats = if fade > 0 {
+                    fade_seats(&weights, &node_order)
+                } else {
+                    vec![0; reachable.len()]
+                };
                 claims = Some(
                     reachable
                         .iter()
@@ -3871,6 +3963,7 @@ impl Global {
                                 .count(cur, parts[i].actor)
                                 .saturating_add(helds[j])
                                 .saturating_add(grants[j])
+                                .saturating_add(fade_part(fade, seats[j]))
                         })
                         .collect(),
                 );
@@ -3958,6 +4051,8 @@ impl Global {
                     target: 0,
                     starter: false,
                     opened: 0,
+                    on_fade: 0,
+                    fade_seats: 0,
                 }),
             }
         }
@@ -3999,6 +4094,8 @@ impl Global {
                         target,
                         starter: false,
                         opened: 0,
+                        on_fade: 0,
+                        fade_seats: 0,
                     });
                 }
                 None if grant > 0 => w.grants.push(Grant {
@@ -4008,11 +4105,21 @@ impl Global {
                     target,
                     starter: false,
                     opened: 0,
+                    on_fade: 0,
+                    fade_seats: 0,
                 }),
                 None => {}
             }
         }
         w.grants.sort_unstable_by_key(|g| g.slot);
+        // A sliding counter's lease of the current slot takes its fade share by the seats
+        // dealt by lease weight (design §3.4).
+        if l.kind == Kind::Counter
+            && reachable.first() == Some(&0)
+            && let Some(g) = w.grants.iter_mut().find(|g| g.slot == cur && !g.starter)
+        {
+            g.fade_seats = fade_seats(&weights, &node_order)[0];
+        }
         w.leased_for = Leased::new(cur, next);
         // The budgets read above move with time only by a sliding counter's previous slot,
         // weighted: every participant's count there, all of them, and this node's own.
@@ -4386,6 +4493,59 @@ fn pack_era(era: Option<(u64, u32)>) -> u64 {
     }
 }
 
+/// The seats a sliding counter's fade share is dealt in (design §3.4): unit u of what fades
+/// goes to the holder of seat `u mod FADE_SEATS`. A participant's seats fit a `u16` mask.
+const FADE_SEATS: u64 = 16;
+
+/// The fade seats of each participant (`weights`, their lease weights, in `order`: node
+/// order, the same at every node): [`FADE_SEATS`] apportioned by weight (largest
+/// remainders, ties to the first in order), then dealt out interleaved (smooth weighted
+/// round robin), so that a participant's part of a few units follows its weight too. One
+/// mask per participant, aligned with `weights`; they cover every seat exactly once.
+fn fade_seats(weights: &[u128], order: &[usize]) -> Vec<u16> {
+    let den: u128 = weights.iter().sum::<u128>().max(1);
+    let total = u128::from(FADE_SEATS);
+    let mut seats: Vec<u64> = weights
+        .iter()
+        .map(|&w| u64::try_from(w * total / den).unwrap_or(0))
+        .collect();
+    let mut left = FADE_SEATS.saturating_sub(seats.iter().sum());
+    let mut by_remainder = order.to_vec();
+    by_remainder.sort_by_key(|&j| std::cmp::Reverse(weights[j] * total % den));
+    for &j in by_remainder.iter().cycle().take(order.len() * 2) {
+        if left == 0 {
+            break;
+        }
+        seats[j] += 1;
+        left -= 1;
+    }
+    let mut masks = vec![0u16; weights.len()];
+    let mut current = vec![0i64; weights.len()];
+    for seat in 0..FADE_SEATS {
+        let mut pick = None;
+        for &j in order {
+            current[j] += seats[j] as i64;
+            if pick.is_none_or(|p: usize| current[j] > current[p]) {
+                pick = Some(j);
+            }
+        }
+        let Some(p) = pick else { break };
+        current[p] -= FADE_SEATS as i64;
+        masks[p] |= 1 << seat;
+    }
+    masks
+}
+
+/// What the holder of fade seats `mask` takes of `faded` units: those u < `faded` whose
+/// seat, `u mod FADE_SEATS`, it holds. The holders' parts sum to exactly `faded`, and each
+/// grows with it.
+fn fade_part(faded: u64, mask: u16) -> u64 {
+    (0..FADE_SEATS)
+        .filter(|&seat| mask & (1 << seat) != 0 && faded > seat)
+        .map(|seat| (faded - seat).div_ceil(FADE_SEATS))
+        .sum()
+}
+
 /// A base over `n` participants: an even split of the limit below the escrow margin,
 /// `⌊(C − ⌊C/20⌋)/n⌋` (design §3.3.1).
 fn base_units(c: u64, n: u64) -> u64 {
@@ -4421,6 +4581,8 @@ fn carry(w: &mut WState, cur: u64) {
             target: left,
             starter: false,
             opened: 0,
+            on_fade: 0,
+            fade_seats: 0,
         }),
     }
     w.grants.sort_unstable_by_key(|g| g.slot);
@@ -4470,6 +4632,8 @@ fn carried_starter(l: &GLimit, w: &WState, s: u64, now: Nanos) -> Option<Grant> 
         target: 0,
         starter: true,
         opened: g.opened,
+        on_fade: 0,
+        fade_seats: 0,
     })
 }
 
@@ -4497,6 +4661,8 @@ fn commit_window(
         used: cost,
         target: 0,
         starter: true,
+        on_fade: 0,
+        fade_seats: 0,
         opened,
     };
     match w.grants.iter().position(|g| g.slot == s) {
@@ -4507,6 +4673,18 @@ fn commit_window(
         // along so that it never holds less than it used).
         Some(i) => {
             let g = &mut w.grants[i];
+            let beyond = g.used.saturating_add(cost).saturating_sub(g.allowance);
+            if beyond > 0 && !g.starter {
+                // Beyond the allowance of a lease: a sliding counter's fade share (or,
+                // holding for a partition, a key idle at the record), counted for this round.
+                if g.opened != opened {
+                    g.opened = opened;
+                    g.on_fade = 0;
+                }
+                g.on_fade = g
+                    .on_fade
+                    .saturating_add(u32::try_from(beyond).unwrap_or(u32::MAX));
+            }
             g.used = g.used.saturating_add(cost);
             g.allowance = g.allowance.max(g.used);
         }

@@ -2888,7 +2888,7 @@ fn a_hot_key_busy_at_other_nodes_gets_its_share_of_the_room_every_round() {
                 denied += d;
             }
             let what = format!("{load:?}, {name}: {denied} of {far} denied");
-            assert!(far > 500, "{what}");
+            assert!(far > 250, "{what}");
             match *name {
                 "fixed" => assert!(denied * 50 <= far, "{what}"),
                 _ => assert!(denied * 100 <= 8 * far, "{what}"),
@@ -3226,27 +3226,26 @@ fn a_limit_changed_node_by_node_holds_the_smaller_until_every_node_has_it() {
     }
 }
 
-/// What the sliding algorithms lose at saturation (design §7), three nodes at three times
-/// the limit, seed 1. A sliding counter's previous window fades continuously, but a grant is
-/// computed at an instant from the budget read then, so the room a round's fade frees is
-/// granted a round later: about `limit·T/w` a window, 9–10 of 100 at w = 1 s (91%), 10 of
-/// 1,000 at w = 10 s (99%). A sliding log counts in k sub-slots of whole rounds (k ≤ 16, as
-/// large as divides w: 10 for w = 1 s, 15 for a minute) and reads k + 1 of them, so at
-/// saturation its room frees a sub-slot late: 1/(k + 1) over many windows (1/11 here, 90.9%),
-/// taken in a run of short windows every k + 1 (so a span of 7 windows reads 85.7%, or 100%).
+/// What the sliding algorithms lose at saturation (design §7): a hot key at three times the
+/// limit, on 3 and 5 nodes, the load even or 80% at one node, seed 1. A sliding counter's
+/// previous window fades continuously; an allotment reads it at the round's boundary, and the
+/// room the fade frees after that goes to the nodes' fade shares, dealt by demand (design
+/// §3.4). So a window loses only the shares a node cannot use before its round ends: 97.1–98.1%
+/// of the limit at w = 1 s, 99.8% at 10 s. Without the shares the room of each window's last
+/// round of fade was lost, `limit·T/w` a window: 91% at w = 1 s, 99% at 10 s. A sliding log
+/// counts in k sub-slots of whole rounds (k ≤ 16, as large as divides w: 10 for w = 1 s, 15
+/// for a minute) and reads k + 1 of them, so at saturation its room frees a sub-slot late:
+/// 1/(k + 1) over many windows (1/11 here, 90.9%), taken in a run of short windows every
+/// k + 1 (so a span of 7 windows reads 85.7%, or 100%).
 #[test]
 fn sliding_algorithms_at_saturation_lose_what_the_error_budget_says() {
-    let run = |alg: Algorithm, secs: u64, windows: usize| {
+    let run = |alg: Algorithm, secs: u64, windows: usize, load: &[u64]| {
         let l = Limit::new(alg, 100 * secs, secs * SECOND, None).unwrap();
-        let mut sim = Sim::new(3, vec![("api".to_string(), vec![l])], Params::default(), 1);
+        let rules = vec![("api".to_string(), vec![l])];
+        let mut sim = Sim::new(load.len(), rules, Params::default(), 1);
         sim.window = secs * SECOND;
         sim.advance(300 * MS);
-        sim.load(
-            "api",
-            "hot",
-            &[100, 100, 100],
-            (windows as u64 + 3) * secs * SECOND,
-        );
+        sim.load("api", "hot", load, (windows as u64 + 3) * secs * SECOND);
         let w: Vec<u64> = sim.per_window().values().copied().collect();
         assert!(
             w.iter().all(|&n| n <= 100 * secs),
@@ -3255,16 +3254,77 @@ fn sliding_algorithms_at_saturation_lose_what_the_error_budget_says() {
         let full: u64 = w.iter().skip(2).take(windows).sum();
         full as f64 / (windows as u64 * 100 * secs) as f64
     };
-    for (alg, secs, windows, least, most) in [
-        (Algorithm::SlidingWindowCounter, 1, 8, 0.89, 0.92),
-        (Algorithm::SlidingWindowCounter, 10, 8, 0.985, 0.995),
-        (Algorithm::SlidingWindowLog, 1, 33, 0.895, 0.925),
+    let even = [100, 100, 100];
+    for (alg, secs, windows, load, least, most) in [
+        (Algorithm::SlidingWindowCounter, 1, 8, &even[..], 0.96, 1.0),
+        (
+            Algorithm::SlidingWindowCounter,
+            1,
+            8,
+            &[240, 30, 30],
+            0.96,
+            1.0,
+        ),
+        (Algorithm::SlidingWindowCounter, 1, 8, &[60; 5], 0.96, 1.0),
+        (
+            Algorithm::SlidingWindowCounter,
+            1,
+            8,
+            &[240, 15, 15, 15, 15],
+            0.96,
+            1.0,
+        ),
+        (Algorithm::SlidingWindowCounter, 10, 8, &even, 0.99, 1.0),
+        (Algorithm::SlidingWindowLog, 1, 33, &even, 0.895, 0.925),
     ] {
-        let share = run(alg, secs, windows);
+        let share = run(alg, secs, windows, load);
+        eprintln!("{alg:?}, {secs} s windows, {load:?}: {:.1}%", 100.0 * share);
         assert!(
             (least..=most).contains(&share),
-            "{alg:?}, {secs} s windows: {:.1}%",
+            "{alg:?}, {secs} s windows, {load:?}: {:.1}%",
             100.0 * share
         );
     }
+}
+
+/// The fade seats of a sliding counter (design §3.4) are dealt so that each seat has exactly
+/// one holder, whatever the weights and however many participants (more than the seats too),
+/// and the holders' parts of any number of faded units sum to exactly that number, each
+/// growing with it: so shares taken at different times of a round never sum past what faded.
+/// A part follows its holder's weight: 80% of the demand takes 12 or 13 of the 16 seats, and
+/// of 10 units the busy holder takes 7 or 8.
+#[test]
+fn fade_seats_deal_every_unit_once_and_follow_demand() {
+    let cases: Vec<Vec<u64>> = vec![
+        vec![0, 0, 0],
+        vec![24, 3, 3],
+        vec![10, 10, 10, 10, 10],
+        vec![24, 1, 1, 1, 1],
+        vec![5],
+        (0..40).map(|i| i % 7).collect(),
+    ];
+    for demands in cases {
+        let weights = lease_weights(&demands);
+        // Node order is not index order: reversed here.
+        let order: Vec<usize> = (0..demands.len()).rev().collect();
+        let masks = fade_seats(&weights, &order);
+        let mut seen = 0u32;
+        for m in &masks {
+            assert_eq!(u32::from(*m) & seen, 0, "{demands:?}: a seat dealt twice");
+            seen |= u32::from(*m);
+        }
+        assert_eq!(seen, 0xffff, "{demands:?}: a seat without a holder");
+        let mut last = vec![0u64; masks.len()];
+        for f in 0..200u64 {
+            let parts: Vec<u64> = masks.iter().map(|&m| fade_part(f, m)).collect();
+            assert_eq!(parts.iter().sum::<u64>(), f, "{demands:?}, {f} units");
+            for (p, l) in parts.iter().zip(&last) {
+                assert!(p >= l, "{demands:?}, {f} units: a part shrank");
+            }
+            last = parts;
+        }
+    }
+    let masks = fade_seats(&lease_weights(&[24, 3, 3]), &[0, 1, 2]);
+    assert!((12..=13).contains(&masks[0].count_ones()), "{masks:?}");
+    assert!((7..=8).contains(&fade_part(10, masks[0])), "{masks:?}");
 }
