@@ -3672,13 +3672,15 @@ impl Global {
         let held_in =
             |j: usize, x: u64| -> u64 { explicit_in(j, x).unwrap_or_else(|| implicit_in(j, x)) };
         let weights = lease_weights(&reachable.iter().map(|&i| demands[i]).collect::<Vec<_>>());
-        // A sliding counter's reachable participants in node order, the same at every node
-        // (for the fade seats).
-        let mut node_order: Vec<usize> = Vec::new();
-        if l.kind == Kind::Counter {
-            node_order.extend(0..reachable.len());
-            node_order.sort_by_key(|&j| parts[reachable[j]].node);
-        }
+        // A sliding counter's fade seats, dealt over the reachable participants in node order,
+        // the same at every node (design §3.4).
+        let seats = if l.kind == Kind::Counter {
+            let mut order: SmallVec<[usize; 8]> = (0..reachable.len()).collect();
+            order.sort_by_key(|&j| parts[reachable[j]].node);
+            fade_seats(&weights, &order)
+        } else {
+            SmallVec::new()
+        };
         let den: u128 = weights.iter().sum::<u128>().max(1);
         let in_demand = demands.iter().any(|&d| d > 0);
         // This instant's grants and targets for this node, per slot, and whether it turns its
@@ -3949,11 +3951,6 @@ impl Global {
             };
             claimed_before.push((x, held_total.saturating_add(granted).saturating_add(fade)));
             if x == cur && all_reachable {
-                let seats = if fade > 0 {
-                    fade_seats(&weights, &node_order)
-                } else {
-                    vec![0; reachable.len()]
-                };
                 claims = Some(
                     reachable
                         .iter()
@@ -3963,7 +3960,7 @@ impl Global {
                                 .count(cur, parts[i].actor)
                                 .saturating_add(helds[j])
                                 .saturating_add(grants[j])
-                                .saturating_add(fade_part(fade, seats[j]))
+                                .saturating_add(fade_part(fade, seats.get(j).copied().unwrap_or(0)))
                         })
                         .collect(),
                 );
@@ -4118,7 +4115,7 @@ impl Global {
             && reachable.first() == Some(&0)
             && let Some(g) = w.grants.iter_mut().find(|g| g.slot == cur && !g.starter)
         {
-            g.fade_seats = fade_seats(&weights, &node_order)[0];
+            g.fade_seats = seats.first().copied().unwrap_or(0);
         }
         w.leased_for = Leased::new(cur, next);
         // The budgets read above move with time only by a sliding counter's previous slot,
@@ -4502,15 +4499,15 @@ const FADE_SEATS: u64 = 16;
 /// remainders, ties to the first in order), then dealt out interleaved (smooth weighted
 /// round robin), so that a participant's part of a few units follows its weight too. One
 /// mask per participant, aligned with `weights`; they cover every seat exactly once.
-fn fade_seats(weights: &[u128], order: &[usize]) -> Vec<u16> {
+fn fade_seats(weights: &[u128], order: &[usize]) -> SmallVec<[u16; 8]> {
     let den: u128 = weights.iter().sum::<u128>().max(1);
     let total = u128::from(FADE_SEATS);
-    let mut seats: Vec<u64> = weights
+    let mut seats: SmallVec<[u64; 8]> = weights
         .iter()
         .map(|&w| u64::try_from(w * total / den).unwrap_or(0))
         .collect();
     let mut left = FADE_SEATS.saturating_sub(seats.iter().sum());
-    let mut by_remainder = order.to_vec();
+    let mut by_remainder: SmallVec<[usize; 8]> = order.iter().copied().collect();
     by_remainder.sort_by_key(|&j| std::cmp::Reverse(weights[j] * total % den));
     for &j in by_remainder.iter().cycle().take(order.len() * 2) {
         if left == 0 {
@@ -4519,8 +4516,8 @@ fn fade_seats(weights: &[u128], order: &[usize]) -> Vec<u16> {
         seats[j] += 1;
         left -= 1;
     }
-    let mut masks = vec![0u16; weights.len()];
-    let mut current = vec![0i64; weights.len()];
+    let mut masks: SmallVec<[u16; 8]> = smallvec::smallvec![0; weights.len()];
+    let mut current: SmallVec<[i64; 8]> = smallvec::smallvec![0; weights.len()];
     for seat in 0..FADE_SEATS {
         let mut pick = None;
         for &j in order {
