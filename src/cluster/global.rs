@@ -4110,12 +4110,14 @@ impl Global {
         }
         w.grants.sort_unstable_by_key(|g| g.slot);
         // A sliding counter's lease of the current slot takes its fade share by the seats
-        // dealt by lease weight (design §3.4).
+        // dealt by lease weight (design §3.4): this node's, first among the reachable.
         if l.kind == Kind::Counter
-            && reachable.first() == Some(&0)
             && let Some(g) = w.grants.iter_mut().find(|g| g.slot == cur && !g.starter)
         {
-            g.fade_seats = seats.first().copied().unwrap_or(0);
+            g.fade_seats = match reachable.first() {
+                Some(0) => seats.first().copied().unwrap_or(0),
+                _ => 0,
+            };
         }
         w.leased_for = Leased::new(cur, next);
         // The budgets read above move with time only by a sliding counter's previous slot,
