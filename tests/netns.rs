@@ -626,7 +626,10 @@ fn a_limit_changed_node_by_node_holds_its_bound() {
                 (2000, 0, 300),
                 (1000, 1, 300),
                 (1000, 2, 300),
-                (4000, 2, 100),
+                // Raised for 5 s: at least two whole windows fall 1.3 s after the last raise
+                // and before the first cut wherever in a window the raise lands (with 4 s, a
+                // raise late in a window left one, and the test failed).
+                (5000, 2, 100),
                 (1500, 0, 100),
                 (1500, 1, 100),
             ];
