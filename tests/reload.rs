@@ -369,10 +369,11 @@ fn a_clustered_node_relimits_global_rules_refuses_other_changes_and_reloads_loca
     // Its numbers change in place: a cluster of one is in force at once.
     write_config(&path, &clustered_config("token_bucket", 20, 1));
     node.hangup();
-    node.until("the global rule is relimited", |n| {
-        n.check("g", 1).1["limit"] == 20
-    });
-    assert!(node.log().contains("relimited=[\"g\"]"), "{}", node.log());
+    // The numbers are in force before the reload's own log line is written: wait for both.
+    node.until(
+        "the global rule is relimited, and the reload says so",
+        |n| n.check("g", 1).1["limit"] == 20 && n.log().contains("relimited=[\"g\"]"),
+    );
 
     write_config(&path, &clustered_config("token_bucket", 20, 4));
     node.hangup();
