@@ -412,9 +412,8 @@ impl GLimit {
         let w = u128::from(self.slot_len);
         let start = s.saturating_mul(self.slot_len);
         let end = start.saturating_add(self.slot_len);
-        let e = u128::from(now.saturating_sub(start)).min(w);
+        let v = u128::from(self.weighted(s, now, p));
         let p = u128::from(p);
-        let v = (p * (w - e)).div_ceil(w);
         if v == 0 {
             return end;
         }
@@ -3272,6 +3271,8 @@ impl Global {
                     && was_known
                     && !changed
                     && !has_starter
+                    // Read as the allotment reads: a sliding counter's budget at the
+                    // round's boundary (the others' slots are the same then as now).
                     && renew(r, k, self.counter_read(now), boundary_next, all_reachable)
                 {
                     // Renewed as it was: the last consistent instant had this view, so it was
