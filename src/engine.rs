@@ -277,9 +277,10 @@ pub struct RuleChanges {
 /// A reload that cannot be applied; the running rules stay in force.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReloadError {
-    /// On a clustered node the global rules are counted by a [`Global`] (or a tree) built at
-    /// start, and every node must agree on them: changing them in more than their numbers
-    /// (over the mesh) needs a (rolling) restart.
+    /// On a clustered node the global rules are counted by a [`Global`] (or a tree), and
+    /// every node must agree on how each counts: over the mesh a global rule can be added,
+    /// removed or relimited live, but a change of a limit's algorithm or period needs a
+    /// (rolling) restart, and over the tree any change does.
     #[error(
         "changing global rules in a cluster needs a (rolling) restart: {} (the running rules stay in force)",
         .0.join(", ")
@@ -457,15 +458,18 @@ impl Engine {
     /// any other redefined rule and a new rule start fresh; a removed rule's keys go once the
     /// last in-flight check on this engine is done.
     ///
-    /// On a clustered engine, the global rules' definitions are fixed for the process: over the
-    /// mesh a global rule whose limits change only in their numbers is relimited in place
-    /// ([`Global::relimit`]: the cluster runs the smaller of its members' numbers), and a
-    /// reload that would add, remove or otherwise redefine one (including a change of scope,
-    /// and any change over the tree) is refused as a whole. This engine keeps its rules; only
-    /// the keys of a relimited token bucket, which the new engine shares, are carried to the
-    /// new burst in place.
+    /// On a clustered engine over the mesh, the global rules live in the [`Global`], which
+    /// outlives reloads: a global rule whose limits change only in their numbers is relimited
+    /// in place ([`Global::relimit`]: the cluster runs the smaller of its members' numbers),
+    /// a new one is added to it ([`Global::add_rule`]) and a removed one stops being checked
+    /// there while its keys drain ([`Global::remove_rule`]); a change of scope is a removal
+    /// and an addition. A reload that would change a global limit's algorithm or period (or
+    /// a leaky bucket's numbers), and over the tree any change of a global rule, is refused
+    /// as a whole, and changes nothing. This engine keeps its rules; only the keys of a
+    /// relimited token bucket, which the new engine shares, are carried to the new burst in
+    /// place.
     pub fn reload(&self, rules: Vec<Rule>) -> Result<(Engine, RuleChanges), ReloadError> {
-        if self.global.is_some() {
+        if let Some(exchange) = &self.global {
             let globals = |rules: &mut dyn Iterator<Item = &Rule>| {
                 let mut list: Vec<&Rule> = rules.filter(|r| r.scope == Scope::Global).collect();
                 list.sort_by(|a, b| a.name.cmp(&b.name));
@@ -473,35 +477,51 @@ impl Engine {
             };
             let before = globals(&mut self.rules.values().map(|r| &r.rule));
             let after = globals(&mut rules.iter());
-            // Over the mesh, a rule whose limits change only in their numbers is relimited
-            // in place: the cluster runs the smaller numbers until every member has the same
-            // (`Global::relimit`).
-            let relimited = |r: &Rule| {
-                matches!(self.global, Some(Exchange::Mesh(_)))
-                    && before
+            let changed: Vec<&Rule> = after.iter().filter(|r| !before.contains(r)).collect();
+            match exchange {
+                // Over the tree every node must run the same global rules: its view hash
+                // covers them.
+                Exchange::Tree(..) => {
+                    let mut names: Vec<String> = before
                         .iter()
-                        .find(|b| b.name == r.name)
-                        .is_some_and(|b| keeps_counts(b, r))
-            };
-            let mut names: Vec<String> = before
-                .iter()
-                .chain(&after)
-                .filter(|r| !(before.contains(r) && after.contains(r)))
-                .filter(|r| !(after.iter().any(|a| a.name == r.name && relimited(a))))
-                .map(|r| format!("\"{}\"", r.name))
-                .collect();
-            names.dedup();
-            if !names.is_empty() {
-                return Err(ReloadError::GlobalRulesChanged(names));
-            }
-            if let Some(Exchange::Mesh(global)) = &self.global {
-                for rule in after.iter().filter(|r| !before.contains(r)) {
-                    let index = global.rule_index(&rule.name);
-                    if let Some(Err(e)) = index.map(|i| global.relimit(i, &rule.limits)) {
-                        return Err(ReloadError::GlobalRulesChanged(vec![format!(
-                            "\"{}\" ({e})",
-                            rule.name
-                        )]));
+                        .chain(&after)
+                        .filter(|r| !(before.contains(r) && after.contains(r)))
+                        .map(|r| format!("\"{}\"", r.name))
+                        .collect();
+                    names.dedup();
+                    if !names.is_empty() {
+                        return Err(ReloadError::GlobalRulesChanged(names));
+                    }
+                }
+                // Over the mesh a global rule is added, removed or relimited in place
+                // (design §3.8); only a change of a limit's algorithm or period (or a leaky
+                // bucket's numbers) needs a restart. Nothing changes unless all of it can.
+                Exchange::Mesh(global) => {
+                    let refused: Vec<String> = changed
+                        .iter()
+                        .filter_map(|r| {
+                            let e = global.can_add_rule(&r.name, &r.limits).err()?;
+                            Some(format!("\"{}\" ({e})", r.name))
+                        })
+                        .collect();
+                    if !refused.is_empty() {
+                        return Err(ReloadError::GlobalRulesChanged(refused));
+                    }
+                    for rule in &changed {
+                        if let Err(e) = global.add_rule(&rule.name, &rule.limits) {
+                            return Err(ReloadError::GlobalRulesChanged(vec![format!(
+                                "\"{}\" ({e})",
+                                rule.name
+                            )]));
+                        }
+                    }
+                    for rule in before
+                        .iter()
+                        .filter(|b| !after.iter().any(|a| a.name == b.name))
+                    {
+                        if let Some(i) = global.rule_index(&rule.name) {
+                            global.remove_rule(i);
+                        }
                     }
                 }
             }
@@ -1501,7 +1521,7 @@ mod tests {
     }
 
     #[test]
-    fn clustered_reload_relimits_global_rules_and_refuses_any_other_change() {
+    fn clustered_reload_adds_removes_and_relimits_global_rules_but_refuses_a_new_algorithm() {
         let rules = vec![global("g", 10), rule("l", Algorithm::TokenBucket, 1, None)];
         let clock = Arc::new(ManualClock::new(T0));
         let me = Actor::new("a".to_owned(), 1);
@@ -1510,39 +1530,68 @@ mod tests {
             scope: Scope::Global,
             ..rule(name, Algorithm::FixedWindow, 10, None)
         };
-        let refused = [
-            vec![global("g", 10), global("h", 1)],
-            vec![rule("l", Algorithm::TokenBucket, 1, None)],
-            vec![rule("g", Algorithm::TokenBucket, 10, None)],
-            vec![window("g")],
-        ];
-        for rules in refused {
-            let err = e.reload(rules.clone()).unwrap_err();
-            assert!(
-                err.to_string()
-                    .starts_with("changing global rules in a cluster needs a (rolling) restart"),
-                "{err}"
-            );
-        }
-        let ReloadError::GlobalRulesChanged(names) = e.reload(vec![window("g")]).unwrap_err();
-        assert_eq!(names, ["\"g\""]);
-        assert_eq!(
-            g.numbers_in_force()["g"],
-            [(10, 10)],
-            "a refused reload changes nothing"
+        // A changed algorithm is refused, and so is the whole reload that carries it.
+        let err = e.reload(vec![window("g"), window("h")]).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("changing global rules in a cluster needs a (rolling) restart: \"g\""),
+            "{err}"
         );
-        // A global rule's numbers change in place, on the same Global; local rules reload.
+        let ReloadError::GlobalRulesChanged(names) = err;
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert_eq!(g.rule_index("h"), None, "a refused reload adds nothing");
+        assert_eq!(g.numbers_in_force()["g"], [(10, 10)]);
+
+        // A global rule's numbers change in place, on the same Global; a new global rule is
+        // counted there too; local rules reload.
         let (next, changes) = e
             .reload(vec![
                 global("g", 20),
+                window("h"),
                 rule("l", Algorithm::TokenBucket, 5, None),
             ])
             .unwrap();
         assert_eq!(changes.relimited, ["g", "l"]);
+        assert_eq!(changes.added, ["h"]);
         assert_eq!(g.own_numbers()["g"], [(20, 20)]);
         assert_eq!(g.numbers_in_force()["g"], [(20, 20)]);
+        let h = g.rule_index("h").expect("h is a global rule now");
+        assert!(g.serves(h));
+        assert_eq!(g.own_numbers()["h"], [(10, 10)]);
         assert!(next.rule("g").unwrap().is_clustered());
+        assert!(next.rule("h").unwrap().is_clustered());
         assert!(!next.rule("l").unwrap().is_clustered());
+
+        // Removing a global rule (here: making it local) stops it being served and
+        // published; adding it back with the same algorithm serves it again, relimited.
+        let (after, changes) = next
+            .reload(vec![
+                global("g", 20),
+                Rule {
+                    scope: Scope::Local,
+                    ..window("h")
+                },
+            ])
+            .unwrap();
+        assert_eq!(changes.changed, ["h"]);
+        assert!(!g.serves(h));
+        assert!(!g.own_numbers().contains_key("h"));
+        assert!(!after.rule("h").unwrap().is_clustered());
+        let (back, _) = after
+            .reload(vec![
+                global("g", 20),
+                Rule {
+                    limits: vec![Limit::new(Algorithm::FixedWindow, 5, SECOND, None).unwrap()],
+                    ..window("h")
+                },
+            ])
+            .unwrap();
+        assert_eq!(g.rule_index("h"), Some(h), "the same rule, with its keys");
+        assert!(g.serves(h));
+        assert_eq!(g.own_numbers()["h"], [(5, 5)]);
+        assert!(back.rule("h").unwrap().is_clustered());
+        // Back as a token bucket, it would count differently: refused.
+        assert!(back.reload(vec![global("g", 20), global("h", 5)]).is_err());
     }
 
     #[test]

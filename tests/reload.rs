@@ -440,3 +440,80 @@ fn clustered_nodes_run_the_smaller_of_their_limits() {
         "b counts a as on other limits"
     );
 }
+
+/// Two clustered nodes, each with its own file: a global rule added to one file is served by
+/// that node at once and counted with the other's once it has the rule too (a fixed window
+/// of 10 an hour holds 10 across both nodes, where two local counts would admit 20); removed
+/// from one file, that node no longer serves it while the other still does.
+#[test]
+fn clustered_nodes_add_and_remove_a_global_rule_live() {
+    let dir = TempDir::new();
+    let (path_a, path_b) = (dir.0.join("a.toml"), dir.0.join("b.toml"));
+    let base = clustered_config("fixed_window", 100, 1);
+    let added = format!(
+        "{base}
+[[rule]]
+name = \"new\"
+algorithm = \"fixed_window\"
+limit = 10
+period = \"1h\"
+scope = \"global\"
+"
+    );
+    write_config(&path_a, &base);
+    write_config(&path_b, &base);
+    let (gossip_a, gossip_b) = (udp_port(), udp_port());
+    let mut a = Node::start(&path_a, &["--gossip", &gossip_a, "--node-id", "a"]);
+    let mut b = Node::start(
+        &path_b,
+        &[
+            "--gossip",
+            &gossip_b,
+            "--node-id",
+            "b",
+            "--seeds",
+            &gossip_a,
+        ],
+    );
+    let pair = |l: u64| Some(serde_json::json!([l, l]));
+    a.until("a sees b's numbers", |n| g_numbers(n, "b").1 == pair(100));
+
+    write_config(&path_a, &added);
+    a.hangup();
+    a.until("a serves the added rule and says so", |n| {
+        n.check("new", 1).0 == 200 && n.log().contains("added=[\"new\"]")
+    });
+    assert_eq!(b.check("new", 1).0, 404, "b does not have it yet");
+    assert!(
+        !a.log().contains("config reload refused"),
+        "adding a global rule is not refused: {}",
+        a.log()
+    );
+    write_config(&path_b, &added);
+    b.hangup();
+    b.until("b serves the added rule", |n| n.check("new", 1).0 == 200);
+    // Both count it: 15 more checks at each node, two rounds apart at most.
+    let mut admitted = 2;
+    for _ in 0..15 {
+        for n in [&a, &b] {
+            let (status, body) = n.check("new", 1);
+            assert!(status == 200 || status == 429, "{status} {body}");
+            admitted += u64::from(body["allowed"] == true);
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    println!("admitted {admitted} of 32 checks across the two nodes");
+    assert!(
+        admitted <= 10,
+        "{admitted} admitted across the two nodes against a global limit of 10"
+    );
+    let in_force = cluster_view(&a).expect("cluster view")["limits_in_force"]["new"][0].clone();
+    assert_eq!(in_force, serde_json::json!([10, 10]));
+
+    write_config(&path_a, &base);
+    a.hangup();
+    a.until("a no longer serves the removed rule", |n| {
+        n.check("new", 1).0 == 404 && n.log().contains("removed=[\"new\"]")
+    });
+    assert_ne!(b.check("new", 1).0, 404, "b still serves it");
+}

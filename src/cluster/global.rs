@@ -29,7 +29,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, RwLock};
 
 use crdts::Dot;
 use smallvec::SmallVec;
@@ -176,7 +176,16 @@ pub enum GlobalError {
         "only the numbers of a global rule's limits (limit, burst) can change while the node runs"
     )]
     Relimit,
+    /// A reload added more global rules than a process can hold ([`MAX_GLOBAL_RULES`]).
+    #[error(
+        "a node serves at most {MAX_GLOBAL_RULES} global rules over its life, removed ones included: restart it to add more"
+    )]
+    TooManyRules,
 }
+
+/// How many global rules a node can serve over its life: those it started with, plus those
+/// reloads added (a removed rule keeps its place until the node restarts).
+pub const MAX_GLOBAL_RULES: usize = 1024;
 
 /// A member of the cluster as the membership layer reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -459,6 +468,139 @@ struct GRule {
     name: String,
     limits: Vec<GLimit>,
     store: Store<GKey>,
+    /// Whether this node's configuration has the rule. A rule a reload removed keeps its
+    /// keys until they are idle: the node checks none of them, and its frames report them
+    /// (their counts, and room it gives back) as they drain (design §3.8, "Adding and removing
+    /// a global rule").
+    served: AtomicBool,
+}
+
+impl GRule {
+    /// Rule `name` of `limits`, its keys counted against `keys` / `max_keys`.
+    fn new(
+        name: String,
+        limits: Vec<Limit>,
+        params: &Params,
+        keys: &Arc<AtomicUsize>,
+        max_keys: usize,
+    ) -> Result<GRule, GlobalError> {
+        let mut glimits = Vec::new();
+        for (i, limit) in limits.into_iter().enumerate() {
+            let kind = Kind::of(&limit);
+            let need = if kind == Kind::Bucket {
+                1
+            } else {
+                params.round
+            };
+            if limit.period() % need != 0 {
+                return Err(GlobalError::Period {
+                    rule: name,
+                    algorithm: limit.algorithm(),
+                    need_ms: need / MILLISECOND,
+                });
+            }
+            // A log counts in k sub-slots of whole rounds, k ≤ 16 as large as divides.
+            let subslots = match kind {
+                Kind::Log => (1..=LOG_SUBSLOTS)
+                    .rev()
+                    .find(|k| limit.period() % (k * params.round) == 0)
+                    .unwrap_or(1),
+                _ => 1,
+            };
+            let slot_len = limit.period() / subslots;
+            let label = if i == 0 {
+                name.clone()
+            } else {
+                format!("{name}#{i}")
+            };
+            glimits.push(GLimit::new(limit, kind, slot_len, subslots, label));
+        }
+        let mut store = Store::new(keys.clone(), max_keys);
+        if let Some(seed) = params.hash_seed {
+            store = store.with_hash_seed(seed);
+        }
+        Ok(GRule {
+            name,
+            limits: glimits,
+            store,
+            served: AtomicBool::new(true),
+        })
+    }
+
+    /// Whether `limits` have this rule's algorithms and periods, so that a reload can keep
+    /// its counts and relimit it ([`Global::relimit`]).
+    fn fits(&self, limits: &[Limit]) -> bool {
+        limits.len() == self.limits.len()
+            && self.limits.iter().zip(limits).all(|(l, new)| {
+                new.algorithm() == l.shape.algorithm()
+                    && new.period() == l.shape.period()
+                    && (new.algorithm() != Algorithm::LeakyBucket || *new == l.shape)
+            })
+    }
+}
+
+/// A node's global rules by index. Reloads append ([`Global::add_rule`]) and never remove,
+/// so an index stays valid for the life of the process; the check path reads a rule without
+/// a lock.
+#[derive(Debug)]
+struct Rules {
+    slots: Box<[OnceLock<Box<GRule>>]>,
+    len: AtomicUsize,
+}
+
+impl Rules {
+    fn new(rules: Vec<GRule>) -> Rules {
+        let slots: Box<[OnceLock<Box<GRule>>]> = (0..MAX_GLOBAL_RULES.max(rules.len()))
+            .map(|_| OnceLock::new())
+            .collect();
+        let len = rules.len();
+        for (slot, r) in slots.iter().zip(rules) {
+            let _ = slot.set(Box::new(r));
+        }
+        Rules {
+            slots,
+            len: AtomicUsize::new(len),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    fn get(&self, i: usize) -> Option<&GRule> {
+        if i < self.len() {
+            self.slots[i].get().map(|r| &**r)
+        } else {
+            None
+        }
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &GRule> {
+        self.slots[..self.len()]
+            .iter()
+            .filter_map(|r| r.get().map(|r| &**r))
+    }
+
+    /// Appends `rule` (only under the round lock, so appends do not race): its index.
+    fn push(&self, rule: GRule) -> Result<usize, GlobalError> {
+        let i = self.len();
+        let slot = self.slots.get(i).ok_or(GlobalError::TooManyRules)?;
+        slot.set(Box::new(rule))
+            .map_err(|_| GlobalError::TooManyRules)?;
+        self.len.store(i + 1, Ordering::Release);
+        Ok(i)
+    }
+}
+
+impl std::ops::Index<usize> for Rules {
+    type Output = GRule;
+
+    fn index(&self, i: usize) -> &GRule {
+        match self.get(i) {
+            Some(r) => r,
+            None => panic!("global rule {i} of {}", self.len()),
+        }
+    }
 }
 
 /// A key's lease of one slot: room this node holds. It grows only by a grant at a
@@ -1127,8 +1269,11 @@ struct RoundState {
 pub struct Global {
     me: Actor,
     params: Params,
-    rules: Vec<GRule>,
-    by_name: HashMap<String, usize>,
+    rules: Rules,
+    by_name: RwLock<HashMap<String, usize>>,
+    /// The key budget the rules' stores draw on, for rules a reload adds.
+    keys: Arc<AtomicUsize>,
+    max_keys: usize,
     /// [`Phase`] packed: bit 0 open, bit 1 consistent.
     phase: AtomicU64,
     /// Which slots the last instant opened starters in: those whose first instant (the one
@@ -1183,49 +1328,10 @@ impl Global {
         if params.settle.saturating_mul(2) >= params.round {
             return Err(GlobalError::Settle);
         }
-        let mut grules = Vec::new();
-        for (name, limits) in rules {
-            let mut glimits = Vec::new();
-            for (i, limit) in limits.into_iter().enumerate() {
-                let kind = Kind::of(&limit);
-                let need = if kind == Kind::Bucket {
-                    1
-                } else {
-                    params.round
-                };
-                if limit.period() % need != 0 {
-                    return Err(GlobalError::Period {
-                        rule: name,
-                        algorithm: limit.algorithm(),
-                        need_ms: need / MILLISECOND,
-                    });
-                }
-                // A log counts in k sub-slots of whole rounds, k ≤ 16 as large as divides.
-                let subslots = match kind {
-                    Kind::Log => (1..=LOG_SUBSLOTS)
-                        .rev()
-                        .find(|k| limit.period() % (k * params.round) == 0)
-                        .unwrap_or(1),
-                    _ => 1,
-                };
-                let slot_len = limit.period() / subslots;
-                let label = if i == 0 {
-                    name.clone()
-                } else {
-                    format!("{name}#{i}")
-                };
-                glimits.push(GLimit::new(limit, kind, slot_len, subslots, label));
-            }
-            let mut store = Store::new(keys.clone(), max_keys);
-            if let Some(seed) = params.hash_seed {
-                store = store.with_hash_seed(seed);
-            }
-            grules.push(GRule {
-                name,
-                limits: glimits,
-                store,
-            });
-        }
+        let grules = rules
+            .into_iter()
+            .map(|(name, limits)| GRule::new(name, limits, &params, &keys, max_keys))
+            .collect::<Result<Vec<_>, _>>()?;
         let by_name = grules
             .iter()
             .enumerate()
@@ -1274,8 +1380,10 @@ impl Global {
             }),
             me,
             params,
-            rules: grules,
-            by_name,
+            rules: Rules::new(grules),
+            by_name: RwLock::new(by_name),
+            keys,
+            max_keys,
             phase: AtomicU64::new(0),
             starters_from: AtomicU64::new(u64::MAX),
             holding: AtomicBool::new(false),
@@ -1374,7 +1482,13 @@ impl Global {
 
     /// The index of the global rule `name`.
     pub fn rule_index(&self, name: &str) -> Option<usize> {
-        self.by_name.get(name).copied()
+        self.by_name().get(name).copied()
+    }
+
+    fn by_name(&self) -> std::sync::RwLockReadGuard<'_, HashMap<String, usize>> {
+        self.by_name
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn phase(&self) -> Phase {
@@ -1900,18 +2014,98 @@ impl Global {
     /// whether the numbers in force changed here.
     pub fn relimit(&self, rule: usize, limits: &[Limit]) -> Result<bool, GlobalError> {
         let r = self.rules.get(rule).ok_or(GlobalError::Relimit)?;
-        let fits = limits.len() == r.limits.len()
-            && r.limits.iter().zip(limits).all(|(l, new)| {
-                new.algorithm() == l.shape.algorithm()
-                    && new.period() == l.shape.period()
-                    && (new.algorithm() != Algorithm::LeakyBucket || *new == l.shape)
-            });
-        if !fits {
+        if !r.fits(limits) {
             return Err(GlobalError::Relimit);
         }
         let mut st = self.lock();
         st.own_numbers[rule] = limits.iter().map(|l| (l.limit(), l.burst())).collect();
         Ok(self.put_numbers_in_force(&mut st))
+    }
+
+    /// Whether [`Global::add_rule`] would take rule `name` of `limits`: a name this node
+    /// has never served, or one it served (or serves) with the same algorithms and periods.
+    pub fn can_add_rule(&self, name: &str, limits: &[Limit]) -> Result<(), GlobalError> {
+        match self.rule_index(name) {
+            Some(i) if !self.rules[i].fits(limits) => Err(GlobalError::Relimit),
+            Some(_) => Ok(()),
+            None if self.rules.len() >= MAX_GLOBAL_RULES => Err(GlobalError::TooManyRules),
+            None => GRule::new(
+                name.to_owned(),
+                limits.to_vec(),
+                &self.params,
+                &self.keys,
+                0,
+            )
+            .map(|_| ()),
+        }
+    }
+
+    /// This node's configuration now has global rule `name` of `limits` (a reload added it):
+    /// its index. A rule this node never served starts with no keys; since its peers' frames
+    /// said nothing of it that this node kept, it asks each for a full frame, and its
+    /// instants are not consistent until they are in (design §3.8, "Adding and removing a
+    /// global rule"). A rule it served before, with the same algorithms and periods, is
+    /// served again with its keys and counts, relimited to `limits`.
+    pub fn add_rule(&self, name: &str, limits: &[Limit]) -> Result<usize, GlobalError> {
+        self.can_add_rule(name, limits)?;
+        if let Some(i) = self.rule_index(name) {
+            self.rules[i].served.store(true, Ordering::Release);
+            self.relimit(i, limits)?;
+            return Ok(i);
+        }
+        let rule = GRule::new(
+            name.to_owned(),
+            limits.to_vec(),
+            &self.params,
+            &self.keys,
+            self.max_keys,
+        )?;
+        let mut st = self.lock();
+        let i = self.rules.push(rule)?;
+        self.by_name
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(name.to_owned(), i);
+        st.own_numbers
+            .push(limits.iter().map(|l| (l.limit(), l.burst())).collect());
+        st.stats.rule_visits.push((name.to_owned(), 0));
+        for p in st.peers.values_mut() {
+            p.reports.resize_with(i + 1, HashMap::default);
+            p.returned.resize_with(i + 1, HashMap::default);
+            // What its frames said of the rule was dropped: ask for all of it again.
+            p.complete_to = None;
+        }
+        // The last instant found every key of the rule idle, knowing nothing of it: no
+        // starter until an instant that has the peers' full frames (and none kept across the
+        // degraded ones before it, design §3.3.1).
+        if !st.peers.is_empty() {
+            self.starters_from.store(u64::MAX, Ordering::Release);
+            self.set_phase(Phase {
+                consistent: false,
+                kept: false,
+                ..self.phase()
+            });
+        }
+        st.visit_all_due = true;
+        self.put_numbers_in_force(&mut st);
+        Ok(i)
+    }
+
+    /// This node's configuration no longer has global rule `rule` (a reload removed it):
+    /// it checks none of its keys from now on, and publishes no numbers for it. Its keys
+    /// drain as they would if no one checked them here: the frames keep reporting their
+    /// counts in the open slots and the room given back, and they are forgotten once idle.
+    pub fn remove_rule(&self, rule: usize) {
+        if let Some(r) = self.rules.get(rule) {
+            r.served.store(false, Ordering::Release);
+        }
+    }
+
+    /// Whether this node's configuration has global rule `rule`.
+    pub fn serves(&self, rule: usize) -> bool {
+        self.rules
+            .get(rule)
+            .is_some_and(|r| r.served.load(Ordering::Acquire))
     }
 
     /// Sets each limit's numbers in force from this node's own and the members'
@@ -1975,6 +2169,7 @@ impl Global {
         self.rules
             .iter()
             .zip(&st.own_numbers)
+            .filter(|(r, _)| r.served.load(Ordering::Acquire))
             .map(|(r, n)| (r.name.clone(), n.clone()))
             .collect()
     }
@@ -1984,6 +2179,7 @@ impl Global {
     pub fn numbers_in_force(&self) -> RuleNumbers {
         self.rules
             .iter()
+            .filter(|r| r.served.load(Ordering::Acquire))
             .map(|r| {
                 let n = r.limits.iter().map(|l| {
                     let l = l.limit();
@@ -2785,8 +2981,9 @@ impl Global {
         let members = (peers.len() + 1) as u64;
         let settled = self.settled();
         let Some(p) = peers.get_mut(node) else { return };
+        let by_name = self.by_name();
         for report in frame.keys {
-            let Some(&ri) = self.by_name.get(&report.rule) else {
+            let Some(&ri) = by_name.get(&report.rule) else {
                 stats.reports_dropped += 1;
                 continue;
             };
@@ -3448,7 +3645,7 @@ impl Global {
         }
         // Forget slots no decision can read any more (a scan of every slot: only when a
         // limit's oldest readable slot moves).
-        for r in &self.rules {
+        for r in self.rules.iter() {
             for l in &r.limits {
                 let floor = l.slot(now).saturating_sub(l.span());
                 if st.floors.get(&l.label) != Some(&floor) {
@@ -4150,7 +4347,7 @@ impl Global {
     #[cfg(test)]
     pub(crate) fn dump(&self) -> Vec<String> {
         let mut lines = Vec::new();
-        for r in &self.rules {
+        for r in self.rules.iter() {
             r.store.visit(|key, k| {
                 let mut k = k.clone();
                 k.wake = 0;
@@ -4193,7 +4390,7 @@ impl Global {
     }
 
     fn slot_id(&self, rule: &str, limit: usize, key: &str, slot: u64) -> Option<SlotId> {
-        let l = self.rules[*self.by_name.get(rule)?].limits.get(limit)?;
+        let l = self.rules[self.rule_index(rule)?].limits.get(limit)?;
         Some(SlotId::new(l.label.clone(), key, slot))
     }
 

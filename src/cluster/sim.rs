@@ -230,6 +230,31 @@ impl Sim {
         self.numbers[i] = numbers_of(&self.rules[i]);
     }
 
+    /// Node `i`'s configuration gains global rule `rule` of `limits` (a reload adds it): it
+    /// serves it from now on (if running) and publishes its numbers; a crashed node restarts
+    /// with it.
+    pub fn add_rule(&mut self, i: usize, rule: &str, limits: Vec<Limit>) {
+        if let Some(g) = &self.nodes[i] {
+            g.add_rule(rule, &limits).expect("a rule the node can add");
+        }
+        match self.rules[i].iter_mut().find(|(name, _)| name == rule) {
+            Some((_, l)) => *l = limits,
+            None => self.rules[i].push((rule.to_owned(), limits)),
+        }
+        self.numbers[i] = numbers_of(&self.rules[i]);
+    }
+
+    /// Node `i`'s configuration no longer has global rule `rule` (a reload removed it).
+    pub fn remove_rule(&mut self, i: usize, rule: &str) {
+        if let Some(g) = &self.nodes[i]
+            && let Some(index) = g.rule_index(rule)
+        {
+            g.remove_rule(index);
+        }
+        self.rules[i].retain(|(name, _)| name != rule);
+        self.numbers[i] = numbers_of(&self.rules[i]);
+    }
+
     /// The first limit of `rule` as node `i`'s config says.
     pub fn configured(&self, i: usize, rule: &str) -> u64 {
         self.rules[i]
