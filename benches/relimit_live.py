@@ -1,6 +1,11 @@
 #!/usr/bin/env python3
 """A global limit changed live, node by node, under load (docs/design.md §3.8).
 
+With `--add`, a global rule is added live instead: the files start with `api` alone, a second
+global fixed window `new` of 100/s is added to node-1's file at 4.0 s, node-2's at 6.3 s and
+node-3's at 8.6 s, and removed from node-2's at 13.2 s; the load checks `new` (a node without
+it answers 404, counted apart), and each line says what was admitted, denied and unknown.
+
 Starts three release nodes on loopback as the README's "A cluster" does, each with its own
 copy of a rules file holding one global fixed window `api` of 100/s. One key is checked
 `--rate` times a second at each node (300: three times the higher limit) for `--duration`
@@ -30,6 +35,9 @@ import time
 
 RULES = '[[rule]]\nname = "api"\nalgorithm = "fixed_window"\nlimit = {}\nperiod = "1s"\n'
 EDITS = [(1, 300, 4.0), (2, 300, 6.3), (3, 300, 8.6), (3, 100, 13.2), (1, 100, 15.5), (2, 100, 17.8)]
+NEW = '\n[[rule]]\nname = "new"\nalgorithm = "fixed_window"\nlimit = 100\nperiod = "1s"\nscope = "global"\n'
+# (node, whether its file has `new`, when): with --add.
+ADDS = [(1, True, 4.0), (2, True, 6.3), (3, True, 8.6), (2, False, 13.2)]
 
 
 def get(port, path, timeout=2):
@@ -43,7 +51,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rate", type=float, default=300, help="checks a second at each node")
     ap.add_argument("--duration", type=float, default=22)
+    ap.add_argument("--add", action="store_true", help="add and remove a global rule instead")
     args = ap.parse_args()
+    rule = "new" if args.add else "api"
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     binary = os.environ.get("BIN", os.path.join(root, "target", "release", "gossamer"))
     work = tempfile.mkdtemp(prefix="gossamer-relimit-")
@@ -86,30 +96,34 @@ def main():
                 if wait > 0:
                     time.sleep(wait)
                 n += 1
-                c.request("POST", "/v1/check", '{"rule":"api","key":"k"}',
+                c.request("POST", "/v1/check", '{"rule":"%s","key":"k"}' % rule,
                           {"Content-Type": "application/json"})
                 r = c.getresponse()
                 r.read()
                 with lock:
-                    seen[(int(time.time() - t0), r.status == 200)] += 1
+                    seen[(int(time.time() - t0), r.status)] += 1
 
         def edit(i, limit, at):
             time.sleep(max(0.0, t0 + at - time.time()))
             path = os.path.join(work, f"rules{i}.toml")
             with open(path + ".tmp", "w") as f:
-                f.write(RULES.format(limit))
+                if args.add:
+                    f.write(RULES.format(100) + (NEW if limit else ""))
+                else:
+                    f.write(RULES.format(limit))
             os.rename(path + ".tmp", path)
-            print(f"t={time.time() - t0:5.1f} s  node-{i}'s file: limit = {limit}", flush=True)
+            what = ("has `new`" if limit else "lacks `new`") if args.add else f"limit = {limit}"
+            print(f"t={time.time() - t0:5.1f} s  node-{i}'s file: {what}", flush=True)
 
         threads = [threading.Thread(target=load, args=(18180 + i,)) for i in (1, 2, 3)]
-        threads += [threading.Thread(target=edit, args=e) for e in EDITS]
+        threads += [threading.Thread(target=edit, args=e) for e in (ADDS if args.add else EDITS)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        print("\n| second | admitted | denied |\n|---:|---:|---:|")
+        print("\n| second | admitted | denied | no such rule (404) |\n|---:|---:|---:|---:|")
         for s in sorted({s for s, _ in seen}):
-            print(f"| {s} | {seen[(s, True)]} | {seen[(s, False)]} |")
+            print(f"| {s} | {seen[(s, 200)]} | {seen[(s, 429)]} | {seen[(s, 404)]} |")
         for i in (1, 2, 3):
             v = json.loads(get(18180 + i, "/v1/cluster")[1])
             print(f"node-{i}: limits_in_force {v.get('limits_in_force')}")
