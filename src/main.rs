@@ -76,6 +76,12 @@ struct SimArgs {
     /// windows before it.
     #[arg(long, conflicts_with_all = ["report", "tree", "scale"])]
     relimit: bool,
+    /// With --seed or --seeds (mesh): one of each run's four rules (by the seed) is at no node
+    /// at the start; it is added node by node, within 1.6 s of the first node, then removed
+    /// from one node and added back a second later (design §3.8, "Adding and removing a
+    /// global rule"). A node checks only the rules it has.
+    #[arg(long, conflicts_with_all = ["report", "tree", "scale"])]
+    add_rule: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -290,14 +296,17 @@ fn sim(args: &SimArgs) -> ExitCode {
         };
     }
     let relimit = args.relimit;
+    let add_rule = args.add_rule;
     let summary = sim::explore(seeds.clone(), threads, |s| {
         s.on_partition = mode;
         s.relimit = relimit;
+        s.add_rule = add_rule.then(|| sim::Setup::added_rule(s.seed));
     });
     if one {
         let mut setup = sim::Setup::from_seed(seeds.start);
         setup.on_partition = mode;
         setup.relimit = relimit;
+        setup.add_rule = add_rule.then(|| sim::Setup::added_rule(setup.seed));
         print!("{}", sim::run(&setup).describe(&setup));
     } else {
         for failure in &summary.failures {

@@ -473,6 +473,12 @@ struct GRule {
     /// (their counts, and room it gives back) as they drain (design §3.8, "Adding and removing
     /// a global rule").
     served: AtomicBool,
+    /// Whether this node has had an all-reachable consistent instant since it began serving
+    /// the rule (one that started with it did, in effect): until then its idea of which of
+    /// the rule's keys were idle at the last such instant is not to be trusted, so a key new
+    /// here is not one "idle at the record" (design §5, and §3.8, "Adding and removing a
+    /// global rule").
+    recorded: AtomicBool,
 }
 
 impl GRule {
@@ -524,6 +530,7 @@ impl GRule {
             limits: glimits,
             store,
             served: AtomicBool::new(true),
+            recorded: AtomicBool::new(true),
         })
     }
 
@@ -958,7 +965,7 @@ impl GKey {
             changed_in: 0,
             known: false,
             windows_known: false,
-            idle_at_record: true,
+            idle_at_record: rule.recorded.load(Ordering::Acquire),
             inputs_changed: true,
             remote_round: 0,
             wake: 0,
@@ -1753,11 +1760,13 @@ impl Global {
         let mut worst: Option<Decision> = None;
         let mut wait = 0;
         for (i, (l, s)) in rule.limits.iter().zip(key.limits.iter()).enumerate() {
+            // A rule not yet recorded opens no starter (design §3.8).
+            let known = key.windows_known || !rule.recorded.load(Ordering::Acquire);
             let d = match s {
                 LState::Window(w) => self.decide_window(
                     l,
                     w,
-                    (key.windows_known, key.idle_at_record),
+                    (known, key.idle_at_record),
                     cost,
                     now,
                     phase,
@@ -2061,6 +2070,7 @@ impl Global {
             self.max_keys,
         )?;
         let mut st = self.lock();
+        rule.recorded.store(st.peers.is_empty(), Ordering::Release);
         let i = self.rules.push(rule)?;
         self.by_name
             .write()
@@ -3330,6 +3340,19 @@ impl Global {
                     && my_view == Some(self.view(st))
                     && st.consistent_view == Some(self.view_with(st, &st.left_since))));
         st.stats.kept_rounds += u64::from(kept);
+        // A rule added since the last all-reachable consistent instant is allotted only
+        // from the next one (design §3.8, "Adding and removing a global rule"); then all
+        // its keys are visited.
+        let newly_recorded: Vec<usize> = if consistent && all_reachable {
+            self.rules
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| !r.recorded.swap(true, Ordering::AcqRel))
+                .map(|(ri, _)| ri)
+                .collect()
+        } else {
+            Vec::new()
+        };
         self.starters_from
             .store(if kept { 0 } else { starters_from }, Ordering::Release);
         self.set_phase(Phase {
@@ -3412,6 +3435,13 @@ impl Global {
         let mut visits = 0;
         let mut rule_visits = Vec::with_capacity(self.rules.len());
         for (ri, r) in self.rules.iter().enumerate() {
+            // A rule this node added while a peer was out of reach knows nothing of what that
+            // peer did with it: each instant is degraded for it until the rule is recorded.
+            let recorded = r.recorded.load(Ordering::Acquire);
+            let consistent = consistent && recorded;
+            let kept = kept && recorded;
+            let renewable = renewable && recorded;
+            let all = all || newly_recorded.contains(&ri);
             let mut allot = |key: &str, k: &mut GKey| {
                 if regrown {
                     for (l, s) in r.limits.iter().zip(k.limits.iter_mut()) {

@@ -42,6 +42,7 @@ fn scenario(
             skew,
             schedule: Some(plan),
             relimit: false,
+            add_rule: None,
         },
     }
 }
