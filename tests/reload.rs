@@ -478,12 +478,16 @@ scope = \"global\"
     let pair = |l: u64| Some(serde_json::json!([l, l]));
     a.until("a sees b's numbers", |n| g_numbers(n, "b").1 == pair(100));
 
+    let converged = |n: &Node| n.log().matches("the cluster has converged").count();
+    let converged_before = (converged(&a), converged(&b));
     write_config(&path_a, &added);
     a.hangup();
     a.until("a serves the added rule and says so", |n| {
         n.check("new", 1).0 == 200 && n.log().contains("added=[\"new\"]")
     });
     assert_eq!(b.check("new", 1).0, 404, "b does not have it yet");
+    let differ = "gossamer_cluster_members_on_other_limits{published=\"differ\"}";
+    b.until("b counts a as on other rules", |n| n.metric(differ) == 1.0);
     assert!(
         !a.log().contains("config reload refused"),
         "adding a global rule is not refused: {}",
@@ -492,6 +496,12 @@ scope = \"global\"
     write_config(&path_b, &added);
     b.hangup();
     b.until("b serves the added rule", |n| n.check("new", 1).0 == 200);
+    a.until("a logs that the nodes converged on the same rules", |n| {
+        n.metric(differ) == 0.0 && converged(n) > converged_before.0
+    });
+    b.until("b logs that the nodes converged on the same rules", |n| {
+        n.metric(differ) == 0.0 && converged(n) > converged_before.1
+    });
     // Both count it: 15 more checks at each node, two rounds apart at most.
     let mut admitted = 2;
     for _ in 0..15 {
