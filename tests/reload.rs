@@ -385,18 +385,15 @@ fn a_clustered_node_relimits_global_rules_refuses_other_changes_and_reloads_loca
     });
 }
 
-/// Two clustered nodes, each with its own file: a raise is in force once both have it, a cut
-/// as soon as either has it, and each node shows the other's numbers in `/v1/cluster`.
-#[test]
-fn clustered_nodes_run_the_smaller_of_their_limits() {
-    let dir = TempDir::new();
-    let (path_a, path_b) = (dir.0.join("a.toml"), dir.0.join("b.toml"));
-    write_config(&path_a, &clustered_config("fixed_window", 100, 1));
-    write_config(&path_b, &clustered_config("fixed_window", 100, 1));
+/// Two clustered nodes `a` and `b`, each started with its own copy of `config` (whose global
+/// rule `g` has a limit of 100), once `a` sees `b`'s numbers.
+fn clustered_pair(path_a: &Path, path_b: &Path, config: &str) -> (Node, Node) {
+    write_config(path_a, config);
+    write_config(path_b, config);
     let (gossip_a, gossip_b) = (udp_port(), udp_port());
-    let mut a = Node::start(&path_a, &["--gossip", &gossip_a, "--node-id", "a"]);
-    let mut b = Node::start(
-        &path_b,
+    let mut a = Node::start(path_a, &["--gossip", &gossip_a, "--node-id", "a"]);
+    let b = Node::start(
+        path_b,
         &[
             "--gossip",
             &gossip_b,
@@ -406,8 +403,20 @@ fn clustered_nodes_run_the_smaller_of_their_limits() {
             &gossip_a,
         ],
     );
+    let hundred = Some(serde_json::json!([100, 100]));
+    a.until("a sees b's numbers", |n| g_numbers(n, "b").1 == hundred);
+    (a, b)
+}
+
+/// Two clustered nodes, each with its own file: a raise is in force once both have it, a cut
+/// as soon as either has it, and each node shows the other's numbers in `/v1/cluster`.
+#[test]
+fn clustered_nodes_run_the_smaller_of_their_limits() {
+    let dir = TempDir::new();
+    let (path_a, path_b) = (dir.0.join("a.toml"), dir.0.join("b.toml"));
+    let (mut a, mut b) =
+        clustered_pair(&path_a, &path_b, &clustered_config("fixed_window", 100, 1));
     let pair = |l: u64| Some(serde_json::json!([l, l]));
-    a.until("a sees b's numbers", |n| g_numbers(n, "b").1 == pair(100));
 
     write_config(&path_a, &clustered_config("fixed_window", 300, 1));
     a.hangup();
@@ -460,23 +469,7 @@ period = \"1h\"
 scope = \"global\"
 "
     );
-    write_config(&path_a, &base);
-    write_config(&path_b, &base);
-    let (gossip_a, gossip_b) = (udp_port(), udp_port());
-    let mut a = Node::start(&path_a, &["--gossip", &gossip_a, "--node-id", "a"]);
-    let mut b = Node::start(
-        &path_b,
-        &[
-            "--gossip",
-            &gossip_b,
-            "--node-id",
-            "b",
-            "--seeds",
-            &gossip_a,
-        ],
-    );
-    let pair = |l: u64| Some(serde_json::json!([l, l]));
-    a.until("a sees b's numbers", |n| g_numbers(n, "b").1 == pair(100));
+    let (mut a, mut b) = clustered_pair(&path_a, &path_b, &base);
 
     let converged = |n: &Node| n.log().matches("the cluster has converged").count();
     let converged_before = (converged(&a), converged(&b));

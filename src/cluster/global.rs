@@ -2070,6 +2070,10 @@ impl Global {
             self.max_keys,
         )?;
         let mut st = self.lock();
+        // Appends happen under the round lock; another reload may have added it meanwhile.
+        if let Some(i) = self.rule_index(name) {
+            return Ok(i);
+        }
         rule.recorded.store(st.peers.is_empty(), Ordering::Release);
         let i = self.rules.push(rule)?;
         self.by_name
