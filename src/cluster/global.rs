@@ -1759,9 +1759,10 @@ impl Global {
         let mut index = 0;
         let mut worst: Option<Decision> = None;
         let mut wait = 0;
+        // A rule not yet recorded opens no starter (design §3.8): the last instant found its
+        // keys idle knowing nothing of them.
+        let known = key.windows_known || !rule.recorded.load(Ordering::Acquire);
         for (i, (l, s)) in rule.limits.iter().zip(key.limits.iter()).enumerate() {
-            // A rule not yet recorded opens no starter (design §3.8).
-            let known = key.windows_known || !rule.recorded.load(Ordering::Acquire);
             let d = match s {
                 LState::Window(w) => self.decide_window(
                     l,
@@ -2088,17 +2089,6 @@ impl Global {
             p.returned.resize_with(i + 1, HashMap::default);
             // What its frames said of the rule was dropped: ask for all of it again.
             p.complete_to = None;
-        }
-        // The last instant found every key of the rule idle, knowing nothing of it: no
-        // starter until an instant that has the peers' full frames (and none kept across the
-        // degraded ones before it, design §3.3.1).
-        if !st.peers.is_empty() {
-            self.starters_from.store(u64::MAX, Ordering::Release);
-            self.set_phase(Phase {
-                consistent: false,
-                kept: false,
-                ..self.phase()
-            });
         }
         st.visit_all_due = true;
         self.put_numbers_in_force(&mut st);

@@ -1868,10 +1868,10 @@ mod tests {
     /// A rule added node by node, removed from one node and added back (design §3.8,
     /// "Adding and removing a global rule"), each of the four rules in turn, with the drawn
     /// faults (the CI seeds) and alone (40 seeds, no other fault): no window or period over
-    /// its limit or allowance, nothing lost, every node agreeing at the end. Without either
+    /// its limit or allowance, nothing lost, every node agreeing at the end. Without the
     /// guard of an added rule (no starter, no allotment and no key "idle at the record" until
-    /// an all-reachable consistent instant; its starters closed at the add), 5 of seeds
-    /// 1–3000 of `gossamer sim --seeds 1..3001 --add-rule` broke it, 234 and 534 among them.
+    /// an all-reachable consistent instant), 5 of seeds 1–3000 of `gossamer sim --seeds
+    /// 1..3001 --add-rule` broke it, 234 and 534 among them.
     #[test]
     fn rule_additions_keep_every_invariant() {
         let mut failed = Vec::new();
