@@ -490,6 +490,22 @@ impl GRule {
         keys: &Arc<AtomicUsize>,
         max_keys: usize,
     ) -> Result<GRule, GlobalError> {
+        let glimits = GRule::limits(&name, limits, params)?;
+        let mut store = Store::new(keys.clone(), max_keys);
+        if let Some(seed) = params.hash_seed {
+            store = store.with_hash_seed(seed);
+        }
+        Ok(GRule {
+            name,
+            limits: glimits,
+            store,
+            served: AtomicBool::new(true),
+            recorded: AtomicBool::new(true),
+        })
+    }
+
+    /// Rule `name`'s limits as the cluster counts them, or why `params` cannot serve them.
+    fn limits(name: &str, limits: Vec<Limit>, params: &Params) -> Result<Vec<GLimit>, GlobalError> {
         let mut glimits = Vec::new();
         for (i, limit) in limits.into_iter().enumerate() {
             let kind = Kind::of(&limit);
@@ -500,7 +516,7 @@ impl GRule {
             };
             if limit.period() % need != 0 {
                 return Err(GlobalError::Period {
-                    rule: name,
+                    rule: name.to_owned(),
                     algorithm: limit.algorithm(),
                     need_ms: need / MILLISECOND,
                 });
@@ -515,23 +531,13 @@ impl GRule {
             };
             let slot_len = limit.period() / subslots;
             let label = if i == 0 {
-                name.clone()
+                name.to_owned()
             } else {
                 format!("{name}#{i}")
             };
             glimits.push(GLimit::new(limit, kind, slot_len, subslots, label));
         }
-        let mut store = Store::new(keys.clone(), max_keys);
-        if let Some(seed) = params.hash_seed {
-            store = store.with_hash_seed(seed);
-        }
-        Ok(GRule {
-            name,
-            limits: glimits,
-            store,
-            served: AtomicBool::new(true),
-            recorded: AtomicBool::new(true),
-        })
+        Ok(glimits)
     }
 
     /// Whether `limits` have this rule's algorithms and periods, so that a reload can keep
@@ -2039,14 +2045,7 @@ impl Global {
             Some(i) if !self.rules[i].fits(limits) => Err(GlobalError::Relimit),
             Some(_) => Ok(()),
             None if self.rules.len() >= MAX_GLOBAL_RULES => Err(GlobalError::TooManyRules),
-            None => GRule::new(
-                name.to_owned(),
-                limits.to_vec(),
-                &self.params,
-                &self.keys,
-                0,
-            )
-            .map(|_| ()),
+            None => GRule::limits(name, limits.to_vec(), &self.params).map(|_| ()),
         }
     }
 
