@@ -66,6 +66,11 @@ pub const REPEAT: u64 = 3;
 /// frame, whose visit of every key and size make the next frames later still (design §10,
 /// "A full-frame storm"). A peer silent for longer is suspected by then and not waited for.
 pub const MAX_REPEAT: u64 = 10;
+/// A based fixed-window slot is left as it is, its bases implicit, while every participant
+/// holds at least this many rounds of its demand (design §3.3.1, "Quiet keys"). Two cost
+/// 0.4 points of the simulation's admitted share at the limit (a node's base ran low before
+/// the others' came to it); four cost none, and no more bytes.
+pub const QUIET_ROUNDS: u64 = 4;
 /// A sliding window log is counted in the cluster per sub-slot of `period / k`, with k the
 /// largest number up to this for which a sub-slot is a whole number of rounds.
 pub const LOG_SUBSLOTS: u64 = 16;
@@ -4153,6 +4158,23 @@ impl Global {
                     }
                 })
                 .collect();
+            // A based slot where every participant still holds its base, none published in
+            // its place, and holds [`QUIET_ROUNDS`] rounds of its demand or more: nobody needs
+            // room moved, so nobody is granted any, and the bases stay implicit and
+            // unpublished (no conversion below). Far from the limit a check then costs the
+            // wire only its count: a grant here turned each node's base into a published lease
+            // after every check anywhere, for room nobody asked for. Granting less is always
+            // safe, and a base kept beyond its target is room its holder does not return,
+            // which every allotment counts as held (design §3.3.1, "Quiet keys").
+            let quiet = l.based()
+                && explicit_total == 0
+                && (0..reachable.len()).all(|j| {
+                    base_in(j, x) > 0
+                        && demands[reachable[j]].saturating_mul(QUIET_ROUNDS) <= helds[j]
+                });
+            if quiet {
+                grants.iter_mut().for_each(|g| *g = 0);
+            }
             let wanted: u64 = grants.iter().copied().fold(0, u64::saturating_add);
             if wanted > free {
                 for g in &mut grants {
@@ -4194,6 +4216,7 @@ impl Global {
             // instants read the counts.
             let ahead = x != cur && l.kind != Kind::Fixed;
             let convert = active
+                && !quiet
                 && explicit_in(0, x).is_none()
                 && base_in(0, x) > 0
                 && (grants[0] > 0 || (!ahead && targets[0] < helds[0]));

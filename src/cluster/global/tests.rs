@@ -1825,6 +1825,56 @@ fn a_burst_elsewhere_costs_an_idle_holder_at_most_one_change_of_its_room() {
     }
 }
 
+/// A key far below its limit in a window every node is based in is left as it is: each node
+/// keeps its base implicit, so the only thing a check costs the wire is its count, reported
+/// by the node that admitted it. Once one node's demand outgrows its base, room moves again.
+#[test]
+fn a_quiet_key_in_a_based_window_publishes_no_room() {
+    let held = |sim: &Sim, i: usize| {
+        first_limit(sim, i, "u", |s| match s {
+            Some(LState::Window(w)) => w.published_held.to_vec(),
+            _ => Vec::new(),
+        })
+    };
+    for seed in 1..=3 {
+        let rules = vec![("fixed".into(), vec![fixed(60, 60 * SECOND)])];
+        let mut sim = Sim::new(3, rules, Params::default(), seed);
+        sim.advance(60 * SECOND - sim.now % (60 * SECOND) + 2 * SECOND);
+        sim.watch = Some(("u".to_owned(), Vec::new()));
+        for burst in 0..6 {
+            let at = burst % 3;
+            for _ in 0..3 {
+                let d = sim.check(at, "fixed", "u", 1);
+                assert!(matches!(d.verdict, Verdict::Admit { wait: 0 }), "{d:?}");
+            }
+            for _ in 0..5 {
+                sim.advance(DEFAULT_ROUND);
+                for i in 0..3 {
+                    assert!(
+                        held(&sim, i).is_empty(),
+                        "seed {seed}, burst {burst}: node {i}"
+                    );
+                }
+            }
+            let (_, seen) = sim.watch.as_mut().unwrap();
+            assert!(
+                seen.iter().all(|&(from, _)| from == at),
+                "seed {seed}, burst {burst} at node {at}: reported by {seen:?}"
+            );
+            seen.clear();
+        }
+        // Node 0 takes more than its base in a round: its demand now needs room moved.
+        for _ in 0..30 {
+            sim.check(0, "fixed", "u", 1);
+        }
+        sim.advance(3 * DEFAULT_ROUND);
+        assert!(
+            !held(&sim, 0).is_empty(),
+            "seed {seed}: no room moved to node 0"
+        );
+    }
+}
+
 /// What quiet users cost the network: key reports and bytes sent, with the false denials,
 /// for 3 nodes and 2,000 users over 10 s, with the tiers per second and per minute
 /// (`cargo test --release --lib quiet_users_traffic -- --ignored --nocapture`).
