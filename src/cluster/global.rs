@@ -52,9 +52,23 @@ pub const DEFAULT_SUSPECT_AFTER: u32 = 3;
 /// times `suspect_after` instants in a row: until then its lateness degrades rounds, and a
 /// suspicion, each of which changes the view at every node, does not come and go with it.
 pub const LATE_SUSPECT_FACTOR: u32 = 10;
-/// Every this many rounds a node sends a digest (anti-entropy of counts). No full frame goes
-/// out on a timer: a peer that misses more frames than the repeats cover asks for one.
+/// Every this many rounds a node sends a digest (anti-entropy of counts) while its view is
+/// settling ([`DIGESTS_AFTER_CHANGE`]). No full frame goes out on a timer: a peer that misses
+/// more frames than the repeats cover asks for one.
 pub const DEFAULT_FULL_EVERY: u64 = 10;
+/// How many rounds after its view changes (a member joined, restarted, left, died or came
+/// back) a node keeps sending a digest every `full_every` rounds. In a view that holds,
+/// every member's own counts reach the others in its round frames, repeated until acked
+/// (or in a full frame a receiver asks for), so a digest then finds nothing to repair that
+/// the frames do not bring; what only anti-entropy brings is the counts of a member gone
+/// (its last frames may have reached some nodes and not others), and those are settled in
+/// the seconds after the view changes. Past them a digest goes out once every
+/// [`DIGEST_EVERY_SETTLED`] rounds, a safety net. A digest costs about a byte per slot
+/// counted in the cluster, so every second it was most of the cluster's traffic per check
+/// for quiet users (design §2.2, anti-entropy).
+pub const DIGESTS_AFTER_CHANGE: u64 = 100;
+/// Rounds between digests in a view that has held for [`DIGESTS_AFTER_CHANGE`] rounds.
+pub const DIGEST_EVERY_SETTLED: u64 = 600;
 /// A key stays listed this many rounds after its last change (a frame repeating further back
 /// lists it again). Without acknowledgements (`Params::acks` false, for tests) a frame repeats
 /// the changes of this many rounds, so up to `REPEAT - 1` lost frames in a row do not break a
@@ -1280,6 +1294,9 @@ struct RoundState {
     /// A degraded instant found every key's inputs changed: the next consistent instant
     /// visits every key (a degraded one allots none, so it visits only the listed keys).
     visit_all_due: bool,
+    /// The last round whose boundary found the view changed: digests go out every
+    /// `full_every` rounds until [`DIGESTS_AFTER_CHANGE`] rounds after it.
+    view_changed_in: u64,
 }
 
 /// Global admission for every global rule of a node. See the module docs.
@@ -1384,6 +1401,7 @@ impl Global {
                 unallotted: Vec::new(),
                 shared_inputs: None,
                 visit_all_due: false,
+                view_changed_in: 0,
                 own_numbers: grules
                     .iter()
                     .map(|r| {
@@ -2580,6 +2598,9 @@ impl Global {
         } else if st.full_requested {
             causes.asked += 1;
         }
+        if st.view_changed {
+            st.view_changed_in = n;
+        }
         st.view_changed = false;
         st.full_requested = false;
         if full {
@@ -2868,7 +2889,12 @@ impl Global {
                 }))
             })
             .collect();
-        if n.is_multiple_of(self.params.full_every.max(1)) && !st.peers.is_empty() {
+        let every = if n <= st.view_changed_in.saturating_add(DIGESTS_AFTER_CHANGE) {
+            self.params.full_every
+        } else {
+            DIGEST_EVERY_SETTLED
+        };
+        if n.is_multiple_of(every.max(1)) && !st.peers.is_empty() {
             out.push(Output::ToAll(Message::Digest {
                 from: self.me.clone(),
                 digest: st.counters.digest(),

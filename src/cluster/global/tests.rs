@@ -1875,6 +1875,34 @@ fn a_quiet_key_in_a_based_window_publishes_no_room() {
     }
 }
 
+/// Anti-entropy follows the view: a digest every `full_every` rounds while the view settles
+/// after a change, and one every [`DIGEST_EVERY_SETTLED`] rounds once it has held for
+/// [`DIGESTS_AFTER_CHANGE`] (the round frames carry every live member's counts). A restart
+/// brings the digests back, and with them the repairs.
+#[test]
+fn digests_go_out_while_the_view_settles_and_rarely_after() {
+    let rules = vec![("fixed".into(), vec![fixed(1000, 3600 * SECOND)])];
+    let mut sim = Sim::new(3, rules, Params::default(), 1);
+    sim.advance(300 * MS);
+    for i in 0..300 {
+        sim.check(i % 3, "fixed", &format!("k{i}"), 1);
+    }
+    sim.advance(DIGESTS_AFTER_CHANGE * DEFAULT_ROUND + 2 * SECOND);
+    let before = sim.traffic;
+    sim.advance(10 * SECOND);
+    let settled = sim.traffic.since(before).other;
+    sim.crash(2);
+    sim.advance(SECOND);
+    sim.restart(2);
+    let before = sim.traffic;
+    sim.advance(10 * SECOND);
+    let settling = sim.traffic.since(before).other;
+    assert!(
+        settling > 0 && settled * 5 <= settling,
+        "anti-entropy bytes in 10 s: {settled} in a settled view, {settling} after a restart"
+    );
+}
+
 /// What quiet users cost the network: key reports and bytes sent, with the false denials,
 /// for 3 nodes and 2,000 users over 10 s, with the tiers per second and per minute
 /// (`cargo test --release --lib quiet_users_traffic -- --ignored --nocapture`).
@@ -3475,4 +3503,47 @@ fn fade_seats_deal_every_unit_once_and_follow_demand() {
     let masks = fade_seats(&lease_weights(&[24, 3, 3]), &[0, 1, 2]);
     assert!((12..=13).contains(&masks[0].count_ones()), "{masks:?}");
     assert!((7..=8).contains(&fade_part(10, masks[0])), "{masks:?}");
+}
+
+/// The workload of `benches/bytes_per_check.py` in the simulation: 3 nodes, one global fixed
+/// window of 60 a minute, `users` users, user u always at node u mod 3, 250 checks a second for
+/// 10 s after 2 s of warm-up, in the cluster's first window (nobody based) and in the next
+/// one. Prints the encoded bytes a check, summed over the nodes (`cargo test --release --lib
+/// bytes_per_check_in_the_simulation -- --ignored --nocapture`).
+#[test]
+#[ignore = "a measurement: prints the cluster's bytes per check"]
+fn bytes_per_check_in_the_simulation() {
+    println!("| window | users | round frames, B a check | digests and repairs, B a check |");
+    println!("|---|---:|---:|---:|");
+    for based in [false, true] {
+        for users in [5_000u64, 50_000] {
+            let rules = vec![("fixed".to_string(), vec![fixed(60, 60 * SECOND)])];
+            let mut sim = Sim::new(3, rules, Params::default(), 1);
+            sim.advance(300 * MS);
+            if based {
+                sim.advance(60 * SECOND - sim.now % (60 * SECOND) + 500 * MS);
+            }
+            let warm = sim.now + 2 * SECOND;
+            let end = warm + 10 * SECOND;
+            let mut before = None;
+            let mut checks = 0u64;
+            while sim.now < end {
+                if before.is_none() && sim.now >= warm {
+                    before = Some(sim.traffic);
+                }
+                sim.advance(4 * MS);
+                let u = sim.between(0, users);
+                sim.check((u % 3) as usize, "fixed", &format!("user-{u}"), 1);
+                checks += u64::from(before.is_some());
+            }
+            let t = sim.traffic.since(before.unwrap());
+            let per = |b: u64| b as f64 / checks as f64;
+            println!(
+                "| {} | {users} | {:.0} | {:.0} |",
+                if based { "based" } else { "first" },
+                per(t.frames + t.empty_frames),
+                per(t.other)
+            );
+        }
+    }
 }
