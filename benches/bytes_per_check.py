@@ -3,7 +3,7 @@
 
     cargo build --release
     python3 benches/bytes_per_check.py [--nodes 3] [--users 100,5000,50000] [--rate 250]
-                                       [--secs 10] [--exchange mesh|tree|both]
+                                       [--secs 10] [--exchange mesh|tree|both] [--settled]
 
 The workload of the issue "Cluster traffic that follows what changed": N release nodes on
 loopback (HTTP 17250+i, gossip 17270+2i, QUIC gossip+1, started as the README's "A cluster"
@@ -86,7 +86,7 @@ def formed(ports, n, exchange):
         return False
 
 
-def run(exchange, n, users, rate, secs, work):
+def run(exchange, n, users, rate, secs, work, settled=False):
     config = os.path.join(work, f"{exchange}.toml")
     with open(config, "w") as f:
         f.write(RULES.format(exchange=exchange))
@@ -106,6 +106,12 @@ def run(exchange, n, users, rate, secs, work):
             if time.time() > deadline:
                 sys.exit(f"{exchange}: the cluster did not form in 60 s (logs in {work})")
             time.sleep(0.2)
+        if settled:
+            # A window every node is based in, with the view settled: the first minute that
+            # starts at least 12 s after the cluster formed (digests go out for 10 s after
+            # the view changes), half a second in.
+            start = (int((time.time() + 12) // 60) + 1) * 60 + 0.5
+            time.sleep(max(0.0, start - time.time()))
         stop = threading.Event()
 
         def load(i):
@@ -155,6 +161,10 @@ def main():
     ap.add_argument("--rate", type=float, default=250.0, help="checks a second, in all")
     ap.add_argument("--secs", type=float, default=10)
     ap.add_argument("--exchange", choices=("mesh", "tree", "both"), default="both")
+    ap.add_argument("--settled", action="store_true",
+                    help="start the load in the first minute window that opens at least 12 s "
+                    "after the cluster formed (every node based, the view settled), "
+                    "not at once")
     args = ap.parse_args()
     exchanges = ("mesh", "tree") if args.exchange == "both" else (args.exchange,)
     work = tempfile.mkdtemp(prefix="gossamer-bytes-per-check-")
@@ -162,7 +172,7 @@ def main():
     for exchange in exchanges:
         for users in (int(u) for u in args.users.split(",")):
             sent, checks, denied, elapsed = run(exchange, args.nodes, users, args.rate,
-                                                args.secs, work)
+                                                args.secs, work, args.settled)
             total = sum(sent.values())
             per = lambda b: b / checks if checks else float("nan")  # noqa: E731
             rounds = sent["round"] + sent["tree_up"] + sent["tree_down"]
