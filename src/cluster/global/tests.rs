@@ -3505,45 +3505,54 @@ fn fade_seats_deal_every_unit_once_and_follow_demand() {
     assert!((7..=8).contains(&fade_part(10, masks[0])), "{masks:?}");
 }
 
-/// The workload of `benches/bytes_per_check.py` in the simulation: 3 nodes, one global fixed
-/// window of 60 a minute, `users` users, user u always at node u mod 3, 250 checks a second for
-/// 10 s after 2 s of warm-up, in the cluster's first window (nobody based) and in the next
-/// one. Prints the encoded bytes a check, summed over the nodes (`cargo test --release --lib
-/// bytes_per_check_in_the_simulation -- --ignored --nocapture`).
+/// The workload of `benches/bytes_per_check.py` in the simulation: 3 nodes, one global rule of
+/// 60 a minute (each tier of [`rules_tiers_per`] in turn), `users` users, user u always at node
+/// u mod 3, 250 checks a second for 10 s after 2 s of warm-up, in the cluster's first window
+/// (nobody based) and in one that opens 12 s or more after it formed (the fixed window based,
+/// the view settled). Prints the encoded bytes a check, summed over the nodes (`cargo test
+/// --release --lib bytes_per_check_in_the_simulation -- --ignored --nocapture`).
 #[test]
 #[ignore = "a measurement: prints the cluster's bytes per check"]
 fn bytes_per_check_in_the_simulation() {
-    println!("| window | users | round frames, B a check | digests and repairs, B a check |");
-    println!("|---|---:|---:|---:|");
-    for based in [false, true] {
-        for users in [5_000u64, 50_000] {
-            let rules = vec![("fixed".to_string(), vec![fixed(60, 60 * SECOND)])];
-            let mut sim = Sim::new(3, rules, Params::default(), 1);
-            sim.advance(300 * MS);
-            if based {
-                sim.advance(60 * SECOND - sim.now % (60 * SECOND) + 500 * MS);
-            }
-            let warm = sim.now + 2 * SECOND;
-            let end = warm + 10 * SECOND;
-            let mut before = None;
-            let mut checks = 0u64;
-            while sim.now < end {
-                if before.is_none() && sim.now >= warm {
-                    before = Some(sim.traffic);
+    println!(
+        "| rule | window | users | round frames, B a check | digests and repairs, B a check |"
+    );
+    println!("|---|---|---:|---:|---:|");
+    for (name, limits) in rules_tiers_per(60 * SECOND) {
+        for settled in [false, true] {
+            for users in [5_000u64, 50_000] {
+                if name != "fixed" && users != 5_000 {
+                    continue;
                 }
-                sim.advance(4 * MS);
-                let u = sim.between(0, users);
-                sim.check((u % 3) as usize, "fixed", &format!("user-{u}"), 1);
-                checks += u64::from(before.is_some());
+                let rules = vec![(name.clone(), limits.clone())];
+                let mut sim = Sim::new(3, rules, Params::default(), 1);
+                sim.advance(300 * MS);
+                if settled {
+                    let at = sim.now + 12 * SECOND;
+                    sim.advance(at - at % (60 * SECOND) + 60 * SECOND + 500 * MS - sim.now);
+                }
+                let warm = sim.now + 2 * SECOND;
+                let end = warm + 10 * SECOND;
+                let mut before = None;
+                let mut checks = 0u64;
+                while sim.now < end {
+                    if before.is_none() && sim.now >= warm {
+                        before = Some(sim.traffic);
+                    }
+                    sim.advance(4 * MS);
+                    let u = sim.between(0, users);
+                    sim.check((u % 3) as usize, &name, &format!("user-{u}"), 1);
+                    checks += u64::from(before.is_some());
+                }
+                let t = sim.traffic.since(before.unwrap());
+                let per = |b: u64| b as f64 / checks as f64;
+                println!(
+                    "| {name} | {} | {users} | {:.0} | {:.0} |",
+                    if settled { "settled" } else { "first" },
+                    per(t.frames + t.empty_frames),
+                    per(t.other)
+                );
             }
-            let t = sim.traffic.since(before.unwrap());
-            let per = |b: u64| b as f64 / checks as f64;
-            println!(
-                "| {} | {users} | {:.0} | {:.0} |",
-                if based { "based" } else { "first" },
-                per(t.frames + t.empty_frames),
-                per(t.other)
-            );
         }
     }
 }
