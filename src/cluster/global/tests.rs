@@ -275,6 +275,14 @@ fn first_limit<R>(sim: &Sim, i: usize, key: &str, f: impl FnOnce(Option<&LState>
         .read(key, |k| f(k.map(|k| &k.limits[0])))
 }
 
+/// The room node `i` published as held for key "u" of the first rule's first limit, per slot.
+fn held(sim: &Sim, i: usize) -> Vec<(u64, u64)> {
+    first_limit(sim, i, "u", |s| match s {
+        Some(LState::Window(w)) => w.published_held.to_vec(),
+        _ => Vec::new(),
+    })
+}
+
 /// A bucket far from its limit keeps its shares where they are (design §3.5, calm buckets):
 /// a user's bursts of two tokens, each at another node, leave every node its even share of
 /// the rate and the burst, so nothing about the shares goes on the wire. Before, each burst
@@ -1785,12 +1793,6 @@ fn quiet_users_far_from_their_limits_are_admitted_at_once() {
 /// its holding twice per burst.
 #[test]
 fn a_burst_elsewhere_costs_an_idle_holder_at_most_one_change_of_its_room() {
-    let held = |sim: &Sim, i: usize| {
-        first_limit(sim, i, "u", |s| match s {
-            Some(LState::Window(w)) => w.published_held.to_vec(),
-            _ => Vec::new(),
-        })
-    };
     for seed in 1..=3 {
         let rules = vec![("fixed".into(), vec![fixed(60, 60 * SECOND)])];
         let mut sim = Sim::new(3, rules, Params::default(), seed);
@@ -1830,12 +1832,6 @@ fn a_burst_elsewhere_costs_an_idle_holder_at_most_one_change_of_its_room() {
 /// by the node that admitted it. Once one node's demand outgrows its base, room moves again.
 #[test]
 fn a_quiet_key_in_a_based_window_publishes_no_room() {
-    let held = |sim: &Sim, i: usize| {
-        first_limit(sim, i, "u", |s| match s {
-            Some(LState::Window(w)) => w.published_held.to_vec(),
-            _ => Vec::new(),
-        })
-    };
     for seed in 1..=3 {
         let rules = vec![("fixed".into(), vec![fixed(60, 60 * SECOND)])];
         let mut sim = Sim::new(3, rules, Params::default(), seed);
